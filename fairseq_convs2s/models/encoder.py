@@ -1,0 +1,95 @@
+"""The ConvS2S encoder (paper 3.2): embeddings, a stack of convolutional blocks, keys and values for attention."""
+
+from typing import List, NamedTuple, Optional
+
+import torch
+from fairseq.data import Dictionary
+from fairseq.models import FairseqEncoder
+from fairseq.modules import FairseqDropout, GradMultiply
+from torch import Tensor, nn
+
+from ..modules.conv_block import build_blocks
+from ..modules.embedding import LearnedPositionalEmbedding, TokenEmbedding
+from ..modules.weight_norm import WeightNormLinear, linear_std
+from .layer_spec import ConvLayer
+
+
+class ConvS2SEncoderOut(NamedTuple):
+    """What the decoder's attention needs of one batch of sources, computed once per source."""
+
+    keys: Tensor  # B x S x f: z^u, the last encoder layer projected to the embedding width
+    values: Tensor  # B x S x f: z^u + e (times sqrt(0.5) with fconv scaling)
+    padding_mask: Optional[Tensor]  # B x S, True at padding; None when the batch has none
+    conditional_input_scale: Tensor  # B x 1 x 1: m * sqrt(1/m), m the non-pad source length
+
+
+class ConvS2SEncoder(FairseqEncoder):
+    """Convolutional encoder: ``e = w + p``, a linear map to the block width, the blocks, a linear map back.
+
+    Padded positions are zeroed before every block and in the output, so a sentence encodes the same alone and
+    in a padded batch. The output ``z`` has its gradient scaled by ``1 / (2 * attention layers)`` (paper 3.4);
+    the embedding path into the values is not scaled.
+    """
+
+    def __init__(
+        self,
+        dictionary: Dictionary,
+        embed_dim: int,
+        layers: List[ConvLayer],
+        dropout: float,
+        max_positions: int,
+        num_attention_layers: int,
+        value_scale: float,
+        embed_dict: Optional[dict] = None,
+    ):
+        super().__init__(dictionary)
+        self.padding_idx = dictionary.pad()
+        self.dropout_module = FairseqDropout(dropout, module_name=type(self).__name__)
+        self.embed_tokens = TokenEmbedding(len(dictionary), embed_dim, self.padding_idx)
+        if embed_dict is not None:
+            from fairseq import utils
+
+            self.embed_tokens = utils.load_embedding(embed_dict, dictionary, self.embed_tokens)
+        self.embed_positions = LearnedPositionalEmbedding(max_positions, embed_dim, self.padding_idx, "source")
+        # the embeddings are dropped out before this layer: std sqrt(p / f)
+        self.input_projection = WeightNormLinear(embed_dim, layers[0].width, std=linear_std(embed_dim, dropout))
+        self.blocks = nn.ModuleList(build_blocks(layers, dropout, causal=False))
+        self.output_projection = WeightNormLinear(layers[-1].width, embed_dim, std=linear_std(layers[-1].width))
+        self.grad_scale = 1.0 / (2.0 * num_attention_layers)
+        self.value_scale = value_scale
+
+    def forward(self, src_tokens: Tensor, src_lengths: Optional[Tensor] = None, **unused) -> ConvS2SEncoderOut:
+        """src_tokens: B x S (left- or right-padded); src_lengths: B (unused: the padding mask says it)."""
+        padding_mask = src_tokens.eq(self.padding_idx)  # B x S
+        if not padding_mask.any():
+            padding_mask = None
+
+        e = self.embed_tokens(src_tokens) + self.embed_positions(src_tokens)  # B x S x f
+        e = self.dropout_module(e)
+        x = self.input_projection(e)  # B x S x d
+
+        outputs = [x]
+        for block in self.blocks:
+            if padding_mask is not None:
+                x = x.masked_fill(padding_mask.unsqueeze(-1), 0.0)  # no block sees padding
+            x = block.add_residual(block.glu_conv(x), outputs)  # B x S x d
+            outputs.append(x)
+
+        z = self.output_projection(x)  # B x S x f
+        if padding_mask is not None:
+            z = z.masked_fill(padding_mask.unsqueeze(-1), 0.0)
+        z = GradMultiply.apply(z, self.grad_scale)  # scales the backward pass only
+        values = (z + e) * self.value_scale  # B x S x f
+
+        if padding_mask is None:
+            m = torch.full((src_tokens.size(0), 1, 1), float(src_tokens.size(1)), device=z.device, dtype=z.dtype)
+        else:
+            m = (~padding_mask).sum(dim=1).to(z.dtype).view(-1, 1, 1)  # B x 1 x 1
+        return ConvS2SEncoderOut(z, values, padding_mask, m * torch.rsqrt(m))
+
+    def reorder_encoder_out(self, encoder_out: ConvS2SEncoderOut, new_order: Tensor) -> ConvS2SEncoderOut:
+        """Select batch rows (beam search expands and prunes hypotheses)."""
+        return ConvS2SEncoderOut(*(t.index_select(0, new_order) if t is not None else None for t in encoder_out))
+
+    def max_positions(self) -> int:
+        return self.embed_positions.max_positions

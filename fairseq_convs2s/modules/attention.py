@@ -1,0 +1,60 @@
+"""Multi-step attention (paper 3.3): every attending decoder layer looks at the source on its own."""
+
+import math
+from typing import Optional, Tuple
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from .weight_norm import WeightNormLinear, linear_std
+
+
+class MultiStepAttention(nn.Module):
+    """Dot-product attention of one decoder layer over the last encoder layer.
+
+    d_i = W_d h_i + b_d + g_i; a_ij = softmax_j(d_i . z_j); c_i = sum_j a_ij (z_j + e_j) * m sqrt(1/m);
+    the output is (h_i + W_c c_i) * sqrt(0.5).
+
+    Porting note (fconv): fconv multiplies d_i by sqrt(0.5) and hands the layer values (z + e) * sqrt(0.5); the
+    paper has neither factor. ``scaling="fconv"`` (the default, the numbers of fairseq's published models) keeps
+    them; ``scaling="paper"`` drops them. The values' factor lives in the encoder output, the query's here.
+    """
+
+    def __init__(self, conv_channels: int, embed_dim: int, scaling: str = "fconv"):
+        super().__init__()
+        # W_d: decoder state (d) -> embedding width (f), where the scores are taken
+        self.query_projection = WeightNormLinear(conv_channels, embed_dim, std=linear_std(conv_channels))
+        # W_c: conditional input (f) -> decoder state (d)
+        self.output_projection = WeightNormLinear(embed_dim, conv_channels, std=linear_std(embed_dim))
+        self.query_scale = math.sqrt(0.5) if scaling == "fconv" else 1.0
+
+    def forward(
+        self,
+        h: Tensor,
+        target_embedding: Tensor,
+        keys: Tensor,
+        values: Tensor,
+        key_padding_mask: Optional[Tensor],
+        conditional_input_scale: Tensor,
+    ) -> Tuple[Tensor, Tensor]:
+        """
+        h: B x T x d (the GLU output of this layer); target_embedding g: B x T x f;
+        keys z: B x S x f; values (z + e): B x S x f; key_padding_mask: B x S (True at pads) or None;
+        conditional_input_scale: B x 1 x 1, m * sqrt(1/m) with m the non-pad source length.
+        Returns the new h (B x T x d) and the attention weights (B x T x S).
+        """
+        residual = h
+        d = (self.query_projection(h) + target_embedding) * self.query_scale  # B x T x f
+        scores = torch.bmm(d, keys.transpose(1, 2))  # B x T x S
+        if key_padding_mask is not None:
+            scores = scores.masked_fill(key_padding_mask.unsqueeze(1), float("-inf"))
+        attn = F.softmax(scores.float(), dim=-1).type_as(scores)  # softmax in fp32 for fp16/bf16 training
+        conditional_input = torch.bmm(attn, values) * conditional_input_scale  # B x T x f
+        h = (self.output_projection(conditional_input) + residual) * math.sqrt(0.5)  # B x T x d
+        return h, attn
+
+
+def value_scale_for(scaling: str) -> float:
+    """The factor on the attention values: fconv hands attention (z + e) * sqrt(0.5), the paper z + e."""
+    return math.sqrt(0.5) if scaling == "fconv" else 1.0

@@ -1,0 +1,94 @@
+"""One convolutional block (paper 3.2): dropout, a 1-D convolution to 2d channels, a GLU, a scaled residual."""
+
+import math
+from typing import List, Optional, Sequence, Tuple
+
+import torch
+import torch.nn.functional as F
+from fairseq.modules import FairseqDropout
+from torch import Tensor, nn
+
+from .weight_norm import WeightNormConvTBC, WeightNormLinear, glu_input_std, linear_std
+
+
+class ConvBlock(nn.Module):
+    """``h^l = (glu(W^l [h^{l-1}_{i-k/2} .. h^{l-1}_{i+k/2}] + b^l) + h^{l-res}) * sqrt(0.5)``.
+
+    A ``causal`` block (the decoder's) pads ``k - 1`` steps on the left only, so output ``i`` sees inputs
+    ``i - k + 1 .. i``; otherwise the padding is split so the output is as long as the input. The residual comes
+    from ``residual`` blocks back (0: none) through a linear projection where the widths differ.
+    """
+
+    def __init__(
+        self,
+        in_channels: int,
+        out_channels: int,
+        kernel_size: int,
+        residual: int,
+        residual_channels: int,
+        dropout: float,
+        causal: bool,
+    ):
+        super().__init__()
+        self.dropout_module = FairseqDropout(dropout, module_name=type(self).__name__)
+        # the conv feeds a GLU and sees dropped-out input: std sqrt(4p / (k * in)) (paper 3.5)
+        self.conv = WeightNormConvTBC(
+            in_channels, 2 * out_channels, kernel_size, std=glu_input_std(kernel_size * in_channels, dropout)
+        )
+        self.residual = residual
+        self.residual_projection = (
+            WeightNormLinear(residual_channels, out_channels, std=linear_std(residual_channels))
+            if residual > 0 and residual_channels != out_channels
+            else None
+        )
+        self.kernel_size = kernel_size
+        self.causal = causal
+        self.padding = (kernel_size - 1, 0) if causal else ((kernel_size - 1) // 2, kernel_size // 2)
+        self.attention: Optional[nn.Module] = None  # the decoder puts multi-step attention here (paper 3.3)
+
+    def glu_conv(self, x: Tensor) -> Tensor:
+        """x: B x T x in -> B x T x out: dropout, padded convolution, GLU (full sequence)."""
+        x = self.dropout_module(x)
+        x = x.transpose(0, 1)  # B x T x C -> T x B x C, conv_tbc's layout
+        if self.kernel_size > 1:
+            x = F.pad(x, (0, 0, 0, 0, self.padding[0], self.padding[1]))  # pad the time dim
+        x = self.conv(x)  # T x B x 2*out
+        return F.glu(x, dim=2).transpose(0, 1)  # T x B x out -> B x T x out
+
+    def glu_conv_step(self, x: Tensor, window: Optional[Tensor]) -> Tuple[Tensor, Optional[Tensor]]:
+        """One decoding step of a causal block: x: B x 1 x in, window: the previous k - 1 inputs, B x (k-1) x in.
+
+        Returns the GLU output (B x 1 x out) and the next window. The conv becomes one matrix product with the
+        kernel flattened to out x (k * in), over the window plus the new input.
+        """
+        x = self.dropout_module(x)
+        bsz = x.size(0)
+        if self.kernel_size > 1:
+            if window is None:  # the first step sees the left zero padding
+                window = x.new_zeros(bsz, self.kernel_size - 1, x.size(2))
+            x = torch.cat([window, x], dim=1)  # B x k x in
+            window = x[:, 1:]
+        y = F.linear(x.reshape(bsz, -1), self.conv.linearized_weight(), self.conv.bias)  # B x 2*out
+        return F.glu(y, dim=1).unsqueeze(1), window  # B x 1 x out
+
+    def add_residual(self, x: Tensor, outputs: List[Tensor]) -> Tensor:
+        """(x + residual) * sqrt(0.5), the residual taken ``self.residual`` outputs back in ``outputs``."""
+        if self.residual == 0:
+            return x
+        residual = outputs[-self.residual]
+        if self.residual_projection is not None:
+            residual = self.residual_projection(residual)
+        return (x + residual) * math.sqrt(0.5)
+
+
+def build_blocks(layers: Sequence, dropout: float, causal: bool) -> List[ConvBlock]:
+    """Build the blocks of one stack; block i takes the width of block i - 1 (the first, layers[0].width)."""
+    widths = [layers[0].width]  # outputs so far: the input projection, then each block
+    blocks = []
+    for layer in layers:
+        residual_channels = widths[-layer.residual] if layer.residual > 0 else layer.width
+        blocks.append(
+            ConvBlock(widths[-1], layer.width, layer.kernel, layer.residual, residual_channels, dropout, causal)
+        )
+        widths.append(layer.width)
+    return blocks

@@ -1,0 +1,117 @@
+"""Weight-normalized layers (Salimans & Kingma 2016), as ConvS2S uses on every layer but the lookup tables.
+
+The weight is ``w = g * v / ||v||``. The parameters are named ``weight_v`` and ``weight_g``, the names that
+``torch.nn.utils.weight_norm`` gives fairseq's fconv layers, so fconv state dicts map onto these layers tensor for
+tensor.
+
+Porting note (fconv): fconv re-derives ``w`` from ``g`` and ``v`` on every call, including every beam-search step.
+Here ``w`` is folded once and cached whenever gradients are off (generation, validation); the cache is keyed on the
+parameters' storage and version counters, so an optimizer step, ``load_state_dict`` or ``.half()`` invalidates it.
+"""
+
+import math
+from typing import Callable, Dict, Tuple
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+
+class _WeightNorm(nn.Module):
+    """Holds ``weight_v``/``weight_g`` and derives ``weight``; subclasses say over which dims the norm runs."""
+
+    # dims of weight_v that the norm reduces over (all but the output-channel dim)
+    norm_dims: Tuple[int, ...] = ()
+
+    def _init_weight_norm(self, v: Tensor) -> None:
+        self.weight_v = nn.Parameter(v)
+        # g starts at ||v|| so that the initial weight equals v (as torch.nn.utils.weight_norm does)
+        self.weight_g = nn.Parameter(self._norm(v.detach()).clone())
+        self._inference_cache: Dict[str, Tuple[tuple, Tensor]] = {}
+
+    def _norm(self, v: Tensor) -> Tensor:
+        return torch.linalg.vector_norm(v, dim=self.norm_dims, keepdim=True)
+
+    def _derived(self, name: str, compute: Callable[[], Tensor]) -> Tensor:
+        """``compute()``, cached while gradients are off and the parameters are unchanged."""
+        v, g = self.weight_v, self.weight_g
+        if torch.is_grad_enabled() and (v.requires_grad or g.requires_grad):
+            return compute()
+        key = (v.data_ptr(), g.data_ptr(), v._version, g._version, v.dtype, v.device)
+        hit = self._inference_cache.get(name)
+        if hit is None or hit[0] != key:
+            with torch.no_grad():
+                hit = (key, compute())
+            self._inference_cache[name] = hit
+        return hit[1]
+
+    def _fold(self) -> Tensor:
+        return self.weight_v * (self.weight_g / self._norm(self.weight_v))
+
+    @property
+    def weight(self) -> Tensor:
+        return self._derived("weight", self._fold)
+
+    def fold_weight_norm(self) -> Tensor:
+        """The effective weight ``g * v / ||v||`` as a plain tensor (used by converters and tests)."""
+        with torch.no_grad():
+            return self._fold()
+
+
+class WeightNormLinear(_WeightNorm):
+    """``y = x W^T + b`` with a weight-normalized ``W`` (out x in); the norm is per output unit."""
+
+    norm_dims = (1,)
+
+    def __init__(self, in_features: int, out_features: int, std: float):
+        super().__init__()
+        self.in_features = in_features
+        self.out_features = out_features
+        self._init_weight_norm(torch.randn(out_features, in_features) * std)
+        self.bias = nn.Parameter(torch.zeros(out_features))
+
+    def forward(self, x: Tensor) -> Tensor:
+        return F.linear(x, self.weight, self.bias)
+
+    def extra_repr(self) -> str:
+        return f"{self.in_features}, {self.out_features}"
+
+
+class WeightNormConvTBC(_WeightNorm):
+    """A 1-D convolution over time-batch-channel input with a weight-normalized kernel.
+
+    The kernel is stored as ``k x in x out`` (fconv's ConvTBC layout) and normalized per output channel. It
+    produces no padding of its own: the encoder pads both sides, the decoder pads ``k - 1`` on the left.
+    """
+
+    norm_dims = (0, 1)
+
+    def __init__(self, in_channels: int, out_channels: int, kernel_size: int, std: float):
+        super().__init__()
+        self.in_channels = in_channels
+        self.out_channels = out_channels
+        self.kernel_size = kernel_size
+        self._init_weight_norm(torch.randn(kernel_size, in_channels, out_channels) * std)
+        self.bias = nn.Parameter(torch.zeros(out_channels))
+
+    def forward(self, x: Tensor) -> Tensor:
+        # x: T x B x in (already padded) -> T - k + 1 x B x out
+        return torch.conv_tbc(x.contiguous(), self.weight, self.bias, 0)
+
+    def linearized_weight(self) -> Tensor:
+        """The kernel as one matrix, out x (k * in), for applying the conv to a cached window of k inputs."""
+        # k x in x out -> out x k x in -> out x (k * in); the window is flattened time-major to match
+        return self._derived("linearized", lambda: self._fold().permute(2, 0, 1).reshape(self.out_channels, -1))
+
+    def extra_repr(self) -> str:
+        return f"{self.in_channels}, {self.out_channels}, kernel_size={self.kernel_size}"
+
+
+def glu_input_std(fan_in: int, dropout: float) -> float:
+    """Init std for a layer whose output feeds a GLU: sqrt(4p / n_l), p the retain probability (paper 3.5)."""
+    return math.sqrt(4.0 * (1.0 - dropout) / fan_in)
+
+
+def linear_std(fan_in: int, dropout: float = 0.0) -> float:
+    """Init std for every other layer: sqrt(p / n_l), p the retain probability of its input (paper 3.5)."""
+    return math.sqrt((1.0 - dropout) / fan_in)
