@@ -1,0 +1,214 @@
+"""The model as the paper states it: incremental decoding, causality, padding, scaling, initialization."""
+
+import math
+
+import pytest
+import torch
+from utils import (
+    PRESETS,
+    build_model,
+    full_log_probs,
+    incremental_log_probs,
+    make_dictionary,
+    random_batch,
+    seed_all,
+)
+
+
+@pytest.mark.parametrize("arch", PRESETS)
+def test_incremental_decoding_equals_full_forward(arch):
+    """Step-by-step decoding with cached conv windows gives the full pass's log-probs, for every preset."""
+    seed_all(0)
+    model = build_model(arch, dropout=0.2).eval()
+    d = model.encoder.dictionary
+    src = random_batch(d, [5, 11, 8], seed=1)
+    prev = random_batch(d, [9, 9, 9], seed=2, left_pad=False)
+    with torch.no_grad():
+        full = full_log_probs(model, src, prev)
+        steps = incremental_log_probs(model, src, prev)
+    assert full.shape == (3, 9, len(d))
+    torch.testing.assert_close(steps, full, atol=1e-5, rtol=1e-5)
+
+
+def test_incremental_state_follows_beam_reordering():
+    """After reorder_incremental_state, each row continues the hypothesis it was given, as in beam search."""
+    seed_all(0)
+    model = build_model("convs2s_wmt_en_de").eval()
+    d = model.encoder.dictionary
+    src = random_batch(d, [6, 6, 6], seed=3)
+    prev = random_batch(d, [8, 8, 8], seed=4, left_pad=False)
+    order = torch.tensor([2, 0, 0])
+    with torch.no_grad():
+        encoder_out = model.encoder(src)
+        state: dict = {}
+        for t in range(4):
+            model.decoder(prev[:, : t + 1], encoder_out, incremental_state=state)
+        model.decoder.reorder_incremental_state_scripting(state, order)
+        encoder_out = model.encoder.reorder_encoder_out(encoder_out, order)
+        prev = prev.index_select(0, order)
+        steps = []
+        for t in range(4, 8):
+            logits, _ = model.decoder(prev[:, : t + 1], encoder_out, incremental_state=state)
+            steps.append(model.get_normalized_probs((logits, None), log_probs=True))
+        full = full_log_probs(model, src.index_select(0, order), prev)
+    torch.testing.assert_close(torch.cat(steps, 1), full[:, 4:], atol=1e-5, rtol=1e-5)
+
+
+def test_decoder_is_causal():
+    """Changing target token t changes no output before t (and does change the output at t)."""
+    seed_all(0)
+    model = build_model("convs2s_wmt_en_fr").eval()  # kernel-1 and kernel-3 blocks, mixed widths
+    d = model.encoder.dictionary
+    src = random_batch(d, [7], seed=5)
+    prev = random_batch(d, [10], seed=6, left_pad=False)
+    with torch.no_grad():
+        base = full_log_probs(model, src, prev)
+        for t in (1, 5, 9):
+            changed = prev.clone()
+            changed[0, t] = d.nspecial + (changed[0, t] - d.nspecial + 1) % (len(d) - d.nspecial)
+            out = full_log_probs(model, src, changed)
+            torch.testing.assert_close(out[:, :t], base[:, :t], atol=0, rtol=0)
+            assert (out[:, t] - base[:, t]).abs().max() > 1e-4
+
+
+@pytest.mark.parametrize("arch", ["convs2s_iwslt_de_en", "convs2s_wmt_en_de"])
+def test_sentence_scores_the_same_alone_and_in_a_padded_batch(arch):
+    """Left-padded sources and right-padded targets leave every real position's log-probs unchanged."""
+    seed_all(0)
+    model = build_model(arch).eval()
+    d = model.encoder.dictionary
+    src = random_batch(d, [4, 12, 9], seed=7)  # sentence 0 has 8 pads on the left
+    prev = random_batch(d, [5, 11, 7], seed=8, left_pad=False)  # and 6 on the right
+    with torch.no_grad():
+        batch = full_log_probs(model, src, prev)
+        alone = full_log_probs(model, src[:1, -4:], prev[:1, :5])
+    torch.testing.assert_close(batch[:1, :5], alone, atol=1e-5, rtol=1e-5)
+
+
+def test_attention_ignores_source_padding_and_is_a_distribution():
+    """The averaged attention returned for alignments puts no weight on pads and sums to one per target step."""
+    seed_all(0)
+    model = build_model("convs2s_iwslt_de_en").eval()
+    model.decoder.make_generation_fast_(need_attn=True)
+    d = model.encoder.dictionary
+    src = random_batch(d, [3, 7], seed=9)
+    prev = random_batch(d, [4, 4], seed=10, left_pad=False)
+    with torch.no_grad():
+        _, attn = model(src, None, prev)
+    assert attn.shape == (2, 4, 7)
+    assert attn[0, :, :4].abs().max() == 0  # 4 pads on the left of sentence 0
+    torch.testing.assert_close(attn.sum(-1), torch.ones(2, 4))
+
+
+def test_encoder_gradient_is_scaled_by_number_of_attention_layers():
+    """Gradients into the encoder output are scaled by 1/(2 * attention layers); the decoder's are not (3.4)."""
+    model = build_model("convs2s_iwslt_de_en", dropout=0.0, decoder_attention="[True, False, True]")
+    assert model.decoder.num_attention_layers == 2
+    assert model.encoder.grad_scale == pytest.approx(1 / 4)
+    d = model.encoder.dictionary
+    src = random_batch(d, [6, 6], seed=11)
+    prev = random_batch(d, [5, 5], seed=12, left_pad=False)
+
+    def grads(scale):
+        model.zero_grad()
+        model.encoder.grad_scale = scale
+        logits, _ = model(src, None, prev)
+        logits.float().log_softmax(-1).sum().backward()
+        return {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+    scaled, unscaled = grads(0.25), grads(1.0)
+    for name in ("encoder.output_projection.weight_v", "encoder.blocks.0.conv.weight_v"):
+        torch.testing.assert_close(scaled[name], unscaled[name] * 0.25, atol=1e-7, rtol=1e-4)
+    torch.testing.assert_close(scaled["decoder.blocks.1.conv.weight_v"], unscaled["decoder.blocks.1.conv.weight_v"])
+    # the token embeddings also reach the attention values directly, a path the scaling leaves alone
+    emb_s, emb_u = scaled["encoder.embed_tokens.weight"], unscaled["encoder.embed_tokens.weight"]
+    assert not torch.allclose(emb_s, emb_u * 0.25, atol=1e-6)
+
+
+def _std(t):
+    return t.float().std().item()
+
+
+def test_initialization_follows_the_paper():
+    """N(0, 0.1) embeddings, sqrt(4p/n) before a GLU, sqrt(p/n) elsewhere, zero biases, w == v at start (3.5)."""
+    torch.manual_seed(0)
+    dropout = 0.2
+    p = 1 - dropout
+    model = build_model(
+        "convs2s",
+        dictionary=make_dictionary(2000),
+        shrink=False,
+        dropout=dropout,
+        encoder_layers="[(256, 3)] * 2 + [(512, 1)]",
+        decoder_layers="[(256, 3)] * 2",
+        encoder_embed_dim=128,
+        decoder_embed_dim=128,
+        decoder_out_embed_dim=128,
+    )
+    enc, dec = model.encoder, model.decoder
+    assert _std(enc.embed_tokens.weight[enc.dictionary.nspecial :]) == pytest.approx(0.1, rel=0.05)
+    assert enc.embed_tokens.weight[enc.padding_idx].abs().max() == 0
+    assert _std(enc.embed_positions.weight[enc.padding_idx + 1 :]) == pytest.approx(0.1, rel=0.05)
+    conv = enc.blocks[1].conv  # input width 256, kernel 3, feeds a GLU, input dropped out
+    assert _std(conv.weight_v) == pytest.approx(math.sqrt(4 * p / (3 * 256)), rel=0.05)
+    kernel1 = enc.blocks[2].conv
+    assert _std(kernel1.weight_v) == pytest.approx(math.sqrt(4 * p / 256), rel=0.05)
+    assert _std(enc.input_projection.weight_v) == pytest.approx(math.sqrt(p / 128), rel=0.05)
+    assert _std(enc.blocks[2].residual_projection.weight_v) == pytest.approx(math.sqrt(1 / 256), rel=0.05)
+    assert _std(enc.output_projection.weight_v) == pytest.approx(math.sqrt(1 / 512), rel=0.05)
+    attention = dec.blocks[0].attention
+    assert _std(attention.query_projection.weight_v) == pytest.approx(math.sqrt(1 / 256), rel=0.05)
+    assert _std(dec.output_projection.weight_v) == pytest.approx(math.sqrt(p / 128), rel=0.05)
+    for name, param in model.named_parameters():
+        if name.endswith("bias"):
+            assert param.abs().max() == 0, name
+    for module in model.modules():
+        if hasattr(module, "weight_v"):
+            torch.testing.assert_close(module.weight, module.weight_v)  # g starts at ||v||
+
+
+def test_every_layer_but_the_lookup_tables_is_weight_normalized():
+    """Every weight matrix is derived from (g, v), except the token and position tables."""
+    model = build_model("convs2s_wmt_en_de")
+    plain = [n for n, p in model.named_parameters() if n.endswith("weight") and p.dim() > 1]
+    assert sorted(plain) == sorted(
+        [f"{side}.{table}.weight" for side in ("encoder", "decoder") for table in ("embed_tokens", "embed_positions")]
+    )
+
+
+def test_shared_input_output_embeddings():
+    """--share-input-output-embed ties the decoder's output matrix to its input lookup table."""
+    model = build_model("convs2s_iwslt_de_en", share_input_output_embed=True)
+    assert model.decoder.output_projection.weight is model.decoder.embed_tokens.weight
+    with pytest.raises(ValueError, match="decoder-out-embed-dim"):
+        build_model("convs2s_iwslt_de_en", share_input_output_embed=True, decoder_out_embed_dim=7)
+
+
+def test_attention_scaling_variants():
+    """'paper' drops fconv's two sqrt(0.5) factors: same weights, different outputs."""
+    seed_all(0)
+    fconv_style = build_model("convs2s_iwslt_de_en").eval()
+    paper = build_model("convs2s_iwslt_de_en", attention_scaling="paper").eval()
+    paper.load_state_dict(fconv_style.state_dict())
+    d = fconv_style.encoder.dictionary
+    src, prev = random_batch(d, [6], seed=1), random_batch(d, [5], seed=2, left_pad=False)
+    with torch.no_grad():
+        a, b = full_log_probs(fconv_style, src, prev), full_log_probs(paper, src, prev)
+    assert paper.encoder.value_scale == 1.0 and fconv_style.encoder.value_scale == pytest.approx(math.sqrt(0.5))
+    assert (a - b).abs().max() > 1e-4
+
+
+def test_source_longer_than_the_position_table_is_a_clear_error():
+    """A too-long source names the limit and the flags to change, instead of an index error inside torch."""
+    model = build_model("convs2s_iwslt_de_en", max_source_positions=8).eval()
+    src = random_batch(model.encoder.dictionary, [9], seed=0)
+    with pytest.raises(ValueError, match=r"9 tokens is longer than the model's 8 positions.*--truncate-source"):
+        model.encoder(src)
+    model.encoder(src[:, 1:])  # 8 tokens fit
+
+
+def test_max_positions_counts_tokens():
+    """--max-source-positions N lets N tokens in (fconv's table held N - pad - 1)."""
+    model = build_model("convs2s_iwslt_de_en", max_source_positions=20, max_target_positions=30)
+    assert model.max_positions() == (20, 30)
+    assert model.encoder.embed_positions.weight.size(0) == 20 + model.encoder.padding_idx + 1

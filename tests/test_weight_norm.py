@@ -1,0 +1,52 @@
+"""Weight normalization and the folded-weight cache used while decoding."""
+
+import torch
+
+from fairseq_convs2s.modules.weight_norm import WeightNormConvTBC, WeightNormLinear
+
+
+def test_weight_is_g_times_direction():
+    layer = WeightNormLinear(6, 4, std=0.3)
+    with torch.no_grad():
+        layer.weight_g.copy_(torch.arange(1.0, 5.0).view(4, 1))
+    expected = layer.weight_g * layer.weight_v / layer.weight_v.norm(dim=1, keepdim=True)
+    torch.testing.assert_close(layer.weight, expected)
+    torch.testing.assert_close(layer.weight.norm(dim=1), torch.arange(1.0, 5.0))
+
+
+def test_conv_is_normalized_per_output_channel_like_fconv():
+    conv = WeightNormConvTBC(3, 5, 2, std=0.5)
+    assert conv.weight_v.shape == (2, 3, 5) and conv.weight_g.shape == (1, 1, 5)
+    torch.testing.assert_close(conv.weight.pow(2).sum((0, 1)).sqrt(), conv.weight_g.view(-1))
+
+
+def test_gradients_flow_to_g_and_v_in_training():
+    layer = WeightNormLinear(3, 2, std=0.5)
+    layer(torch.randn(4, 3)).sum().backward()
+    assert layer.weight_g.grad is not None and layer.weight_v.grad is not None
+
+
+def test_folded_weight_cache_sees_parameter_updates():
+    """With gradients off the weight is folded once; an in-place update (optimizer step, load) refreshes it."""
+    conv = WeightNormConvTBC(3, 4, 3, std=0.5)
+    with torch.no_grad():
+        first = conv.weight
+        assert conv.weight is first  # cached
+        lin = conv.linearized_weight()
+        assert lin.shape == (4, 9)
+        conv.weight_g.mul_(2.0)  # what an optimizer step does
+        torch.testing.assert_close(conv.weight, first * 2.0)
+        torch.testing.assert_close(conv.linearized_weight(), lin * 2.0)
+        conv.load_state_dict({k: v * 3 for k, v in conv.state_dict().items()})
+        torch.testing.assert_close(conv.weight, first * 6.0)
+
+
+def test_linearized_conv_step_equals_convolution():
+    """The kernel flattened to out x (k * in) applied to a window equals conv_tbc at that position."""
+    conv = WeightNormConvTBC(3, 4, 3, std=0.5)
+    x = torch.randn(5, 2, 3)  # T x B x C
+    with torch.no_grad():
+        full = conv(x)  # (T - 2) x B x 4
+        window = x[1:4].transpose(0, 1).reshape(2, -1)  # B x (k * in), time-major
+        step = torch.nn.functional.linear(window, conv.linearized_weight(), conv.bias)
+    torch.testing.assert_close(step, full[1])
