@@ -20,7 +20,7 @@ setup(
         "sentencepiece>=0.1.97",
     ],
     extras_require={
-        "test": ["pytest>=7", "ruff>=0.5"],
+        "test": ["pytest>=7", "ruff==0.17.6"],
         "demo": ["matplotlib>=3.5"],
     },
     classifiers=[
