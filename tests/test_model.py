@@ -212,3 +212,29 @@ def test_max_positions_counts_tokens():
     model = build_model("convs2s_iwslt_de_en", max_source_positions=20, max_target_positions=30)
     assert model.max_positions() == (20, 30)
     assert model.encoder.embed_positions.weight.size(0) == 20 + model.encoder.padding_idx + 1
+
+
+def test_validation_after_optimizer_steps_uses_the_updated_weights():
+    """Train steps with fairseq's NAG (updates via p.data), then eval: the output is that of the new weights."""
+    import copy
+    from types import SimpleNamespace
+
+    from fairseq.optim.nag import FairseqNAG
+
+    seed_all(0)
+    model = build_model("convs2s_iwslt_de_en", dropout=0.0)
+    d = model.encoder.dictionary
+    src, prev = random_batch(d, [6, 6], seed=1), random_batch(d, [5, 5], seed=2, left_pad=False)
+    optimizer = FairseqNAG(SimpleNamespace(lr=[0.5], momentum=0.99, weight_decay=0.0), list(model.parameters()))
+    for _ in range(3):
+        model.eval()
+        with torch.no_grad():
+            cached = full_log_probs(model, src, prev)
+        fresh_model = copy.deepcopy(model)
+        with torch.no_grad():
+            fresh = full_log_probs(fresh_model, src, prev)  # folds afresh
+        torch.testing.assert_close(cached, fresh)
+        model.train()
+        optimizer.zero_grad()
+        full_log_probs(model, src, prev).sum().neg().backward()
+        optimizer.step()

@@ -2,7 +2,7 @@
 
 import torch
 
-from fairseq_convs2s.modules.weight_norm import WeightNormConvTBC, WeightNormLinear
+from fairseq_convs2s.modules.weight_norm import WeightNormConvTBC, WeightNormLinear, start_inference_pass
 
 
 def test_weight_is_g_times_direction():
@@ -50,3 +50,14 @@ def test_linearized_conv_step_equals_convolution():
         window = x[1:4].transpose(0, 1).reshape(2, -1)  # B x (k * in), time-major
         step = torch.nn.functional.linear(window, conv.linearized_weight(), conv.bias)
     torch.testing.assert_close(step, full[1])
+
+
+def test_updates_through_param_data_are_seen_by_the_next_inference_pass():
+    """fairseq's NAG writes through p.data, which bumps no version counter: a new pass must still re-fold."""
+    conv = WeightNormConvTBC(3, 4, 3, std=0.5)
+    with torch.no_grad():
+        start_inference_pass()
+        before = conv.weight
+        conv.weight_g.data.mul_(2.0)
+        start_inference_pass()
+        torch.testing.assert_close(conv.weight, before * 2.0)

@@ -10,7 +10,7 @@ from torch import Tensor, nn
 
 from ..modules.conv_block import build_blocks
 from ..modules.embedding import LearnedPositionalEmbedding, TokenEmbedding
-from ..modules.weight_norm import WeightNormLinear, linear_std
+from ..modules.weight_norm import WeightNormLinear, linear_std, start_inference_pass
 from .layer_spec import ConvLayer
 
 
@@ -60,6 +60,8 @@ class ConvS2SEncoder(FairseqEncoder):
 
     def forward(self, src_tokens: Tensor, src_lengths: Optional[Tensor] = None, **unused) -> ConvS2SEncoderOut:
         """src_tokens: B x S (left- or right-padded); src_lengths: B (unused: the padding mask says it)."""
+        if not torch.is_grad_enabled():
+            start_inference_pass()  # fold weight norm afresh for this batch's decoding steps
         padding_mask = src_tokens.eq(self.padding_idx)  # B x S
         if not padding_mask.any():
             padding_mask = None

@@ -5,8 +5,10 @@ The weight is ``w = g * v / ||v||``. The parameters are named ``weight_v`` and `
 tensor.
 
 Porting note (fconv): fconv re-derives ``w`` from ``g`` and ``v`` on every call, including every beam-search step.
-Here ``w`` is folded once and cached whenever gradients are off (generation, validation); the cache is keyed on the
-parameters' storage and version counters, so an optimizer step, ``load_state_dict`` or ``.half()`` invalidates it.
+Here, while gradients are off, ``w`` is folded once per *inference pass* and reused by every decoding step. A pass
+starts at each encoder forward (:func:`start_inference_pass`), so whatever changed the parameters between two
+batches is seen, including optimizers that write through ``p.data`` (fairseq's NAG does), which bumps no version
+counter. The cache key also holds the parameters' storage and version, for in-place edits within a pass.
 """
 
 import math
@@ -15,6 +17,14 @@ from typing import Callable, Dict, Tuple
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+
+_inference_pass = 0
+
+
+def start_inference_pass() -> None:
+    """Invalidate every folded weight; the encoder calls this once per forward."""
+    global _inference_pass
+    _inference_pass += 1
 
 
 class _WeightNorm(nn.Module):
@@ -37,7 +47,7 @@ class _WeightNorm(nn.Module):
         v, g = self.weight_v, self.weight_g
         if torch.is_grad_enabled() and (v.requires_grad or g.requires_grad):
             return compute()
-        key = (v.data_ptr(), g.data_ptr(), v._version, g._version, v.dtype, v.device)
+        key = (_inference_pass, v.data_ptr(), g.data_ptr(), v._version, g._version, v.dtype, v.device)
         hit = self._inference_cache.get(name)
         if hit is None or hit[0] != key:
             with torch.no_grad():
