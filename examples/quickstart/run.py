@@ -1,0 +1,141 @@
+"""The whole pipeline a user of this plugin runs, on a generated corpus, in a few minutes on 2 CPU cores.
+
+    python examples/quickstart/run.py [--out outputs/quickstart] [--max-epoch 8]
+
+Stages (each skipped when its output is already there): corpus, sentencepiece, fairseq-preprocess,
+fairseq-train (--arch convs2s_iwslt_de_en), fairseq-generate scored with sacrebleu, fairseq-interactive,
+an attention heat map (PNG). Everything lands in the --out folder.
+"""
+
+import argparse
+import re
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+USER_DIR = HERE.parent.parent / "fairseq_convs2s"
+sys.path.insert(0, str(HERE))
+
+from toy_corpus import make_corpus  # noqa: E402
+
+SPLITS = {"train": 8000, "valid": 400, "test": 500}
+INTERACTIVE_INPUT = [
+    "the small dog sees a red ball in the garden",
+    "two cats follow the old man",
+    "a happy child paints the blue house and the woman watches three birds",
+]
+
+
+def stage(name: str, done: Path):
+    """Print the stage header; return False when its output exists (the stage is skipped)."""
+    if done.exists():
+        print(f"== {name}: already done ({done})")
+        return False
+    print(f"== {name}", flush=True)
+    return True
+
+
+def run(cmd, **kwargs):
+    print("$ " + " ".join(str(c) for c in cmd), flush=True)
+    return subprocess.run([str(c) for c in cmd], check=True, **kwargs)
+
+
+def fairseq(tool: str):
+    return [sys.executable, "-m", f"fairseq_cli.{tool}"]
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", type=Path, default=Path("outputs/quickstart"))
+    parser.add_argument("--max-epoch", type=int, default=5)
+    parser.add_argument("--vocab-size", type=int, default=120)
+    args = parser.parse_args()
+    out = args.out.resolve()
+    raw, spm_dir, bin_dir, ckpt = out / "raw", out / "spm", out / "data-bin", out / "checkpoints"
+    started = time.time()
+
+    if stage("1/7 corpus", raw / "test.tgt"):
+        raw.mkdir(parents=True, exist_ok=True)
+        pairs = make_corpus(sum(SPLITS.values()), seed=1)
+        start = 0
+        for split, n in SPLITS.items():
+            chunk = pairs[start : start + n]
+            start += n
+            (raw / f"{split}.src").write_text("".join(s + "\n" for s, _ in chunk))
+            (raw / f"{split}.tgt").write_text("".join(t + "\n" for _, t in chunk))
+        print(f"   {sum(SPLITS.values())} sentence pairs, e.g.\n   src: {pairs[0][0]}\n   tgt: {pairs[0][1]}")
+
+    spm_model = spm_dir / "spm.model"
+    if stage("2/7 sentencepiece (joint vocabulary)", spm_dir / "test.tgt"):
+        import sentencepiece as spm
+
+        spm_dir.mkdir(parents=True, exist_ok=True)
+        spm.SentencePieceTrainer.train(
+            input=f"{raw / 'train.src'},{raw / 'train.tgt'}",
+            model_prefix=str(spm_dir / "spm"),
+            vocab_size=args.vocab_size,
+            character_coverage=1.0,
+            model_type="unigram",
+            minloglevel=2,
+        )
+        sp = spm.SentencePieceProcessor(model_file=str(spm_model))
+        for split in SPLITS:
+            for side in ("src", "tgt"):
+                lines = (raw / f"{split}.{side}").read_text().splitlines()
+                encoded = [" ".join(sp.encode(line, out_type=str)) for line in lines]
+                (spm_dir / f"{split}.{side}").write_text("".join(e + "\n" for e in encoded))
+
+    if stage("3/7 fairseq-preprocess", bin_dir / "dict.tgt.txt"):
+        shutil.rmtree(bin_dir, ignore_errors=True)
+        run(fairseq("preprocess") + [
+            "--source-lang", "src", "--target-lang", "tgt", "--joined-dictionary",
+            "--trainpref", spm_dir / "train", "--validpref", spm_dir / "valid", "--testpref", spm_dir / "test",
+            "--destdir", bin_dir, "--workers", "2",
+        ])  # fmt: skip
+
+    if stage("4/7 fairseq-train --arch convs2s_iwslt_de_en", ckpt / "checkpoint_best.pt"):
+        run(fairseq("train") + [
+            bin_dir, "--user-dir", USER_DIR, "--arch", "convs2s_iwslt_de_en", "--cpu",
+            "--optimizer", "nag", "--momentum", "0.99", "--lr", "0.25", "--clip-norm", "0.1",
+            "--lr-scheduler", "reduce_lr_on_plateau", "--lr-shrink", "0.1", "--dropout", "0.1",
+            "--criterion", "label_smoothed_cross_entropy", "--label-smoothing", "0.1",
+            "--max-tokens", "2000", "--max-epoch", args.max_epoch, "--save-dir", ckpt,
+            "--no-epoch-checkpoints", "--seed", "1", "--num-workers", "0",
+        ])  # fmt: skip
+
+    generate_log = out / "generate-test.txt"
+    if stage("5/7 fairseq-generate (beam 5, sacrebleu on detokenized text)", generate_log):
+        result = run(fairseq("generate") + [
+            bin_dir, "--user-dir", USER_DIR, "--path", ckpt / "checkpoint_best.pt", "--cpu", "--gen-subset", "test",
+            "--beam", "5", "--batch-size", "64", "--remove-bpe", "sentencepiece", "--scoring", "sacrebleu",
+        ], capture_output=True, text=True)  # fmt: skip
+        generate_log.write_text(result.stdout)
+    bleu = re.findall(r"BLEU = [\d.]+ .*", generate_log.read_text())
+    print(f"   test set: {bleu[-1] if bleu else 'no BLEU line found'}  (full output: {generate_log})")
+
+    interactive_log = out / "interactive.txt"
+    if stage("6/7 fairseq-interactive (sentences on stdin)", interactive_log):
+        result = run(fairseq("interactive") + [
+            bin_dir, "--user-dir", USER_DIR, "--path", ckpt / "checkpoint_best.pt", "--cpu", "--beam", "5",
+            "--source-lang", "src", "--target-lang", "tgt",
+            "--bpe", "sentencepiece", "--sentencepiece-model", spm_model,
+        ], input="\n".join(INTERACTIVE_INPUT) + "\n", capture_output=True, text=True)  # fmt: skip
+        interactive_log.write_text(result.stdout)
+    for line in interactive_log.read_text().splitlines():
+        if line.startswith(("S-", "D-")):
+            print("   " + line)
+
+    png = out / "attention.png"
+    if stage("7/7 attention heat map", png):
+        from plot_attention import plot_attention
+
+        plot_attention(ckpt, bin_dir, spm_model, INTERACTIVE_INPUT[0], png)
+    print(f"   attention of one translation: {png}")
+    print(f"done in {time.time() - started:.0f} s; everything is in {out}")
+
+
+if __name__ == "__main__":
+    main()
