@@ -1,0 +1,161 @@
+"""fconv checkpoints convert to convs2s with identical outputs; bad inputs fail cleanly."""
+
+import argparse
+import subprocess
+import sys
+from types import SimpleNamespace
+
+import pytest
+import torch
+from fairseq.models.fconv import FConvModel
+from fairseq.models.fconv import base_architecture as fconv_base_architecture
+from fairseq.sequence_generator import SequenceGenerator
+from utils import make_dictionary, random_batch
+
+from fairseq_convs2s.convert_fconv import ConversionError, convert_checkpoint, convert_file
+from fairseq_convs2s.models.convs2s import ConvS2SModel
+
+# mixed widths (residual projections), a lookback-2 residual, an even and a kernel-1 block, attention on 3 of 4
+ENCODER = "[(16, 3)] * 2 + [(24, 3, 2)] + [(32, 1)]"
+DECODER = "[(16, 3)] * 2 + [(24, 2)] + [(32, 1)]"
+ATTENTION = "[True, False, True, True]"
+
+
+def train_fconv(dictionary, share=False, steps=5):
+    """A tiny stock-fairseq fconv model after a few NAG steps (so g != ||v|| and biases are non-zero)."""
+    from fairseq.optim.nag import FairseqNAG
+
+    torch.manual_seed(0)
+    args = argparse.Namespace(
+        arch="fconv_iwslt_de_en", encoder_layers=ENCODER, decoder_layers=DECODER, decoder_attention=ATTENTION,
+        encoder_embed_dim=12, decoder_embed_dim=12, decoder_out_embed_dim=12 if share else 10, dropout=0.1,
+        max_source_positions=40, max_target_positions=50, share_input_output_embed=share,
+    )  # fmt: skip
+    fconv_base_architecture(args)
+    task = SimpleNamespace(source_dictionary=dictionary, target_dictionary=dictionary)
+    model = FConvModel.build_model(args, task)
+    optimizer = FairseqNAG(SimpleNamespace(lr=[0.5], momentum=0.9, weight_decay=0.0), list(model.parameters()))
+    for step in range(steps):
+        src = random_batch(dictionary, [7, 4, 9], seed=step)
+        tgt = random_batch(dictionary, [6, 8, 3], seed=100 + step, left_pad=False)
+        optimizer.zero_grad()
+        logits, _ = model(src, None, tgt)
+        torch.nn.functional.cross_entropy(logits.transpose(1, 2), tgt, ignore_index=dictionary.pad()).backward()
+        optimizer.step()
+    return model.eval(), args
+
+
+def fairseq_checkpoint(model, args):
+    """The dict fairseq 0.12 saves: cfg with the model's Namespace, the state dict, optimizer history."""
+    return {
+        "cfg": {"model": args, "task": {"_name": "translation"}},
+        "model": model.state_dict(),
+        "optimizer_history": [{"criterion_name": "x", "optimizer_name": "FairseqNAG", "num_updates": 5}],
+        "last_optimizer_state": {"state": {}},
+        "extra_state": {},
+    }
+
+
+def load_converted(converted, dictionary):
+    task = SimpleNamespace(source_dictionary=dictionary, target_dictionary=dictionary)
+    model = ConvS2SModel.build_model(argparse.Namespace(**vars(converted["cfg"]["model"])), task)
+    model.load_state_dict(converted["model"], strict=True)
+    return model.eval()
+
+
+def log_probs(model, src, prev):
+    with torch.no_grad():
+        logits, _ = model(src, None, prev)
+        return model.get_normalized_probs((logits, None), log_probs=True)
+
+
+def beam_search(model, dictionary, src):
+    generator = SequenceGenerator([model], dictionary, beam_size=5, max_len_b=12)
+    sample = {"net_input": {"src_tokens": src, "src_lengths": src.ne(dictionary.pad()).sum(1)}}
+    hypos = generator.generate([model], sample)
+    return [[(h["tokens"].tolist(), round(h["score"].item(), 4)) for h in beam] for beam in hypos]
+
+
+@pytest.mark.parametrize("share", [False, True])
+def test_converted_model_gives_fconv_outputs(share):
+    """Same log-probs (1e-5) and same beam-search hypotheses as the fconv model it came from."""
+    dictionary = make_dictionary(25)
+    fconv, args = train_fconv(dictionary, share=share)
+    converted = convert_checkpoint(fairseq_checkpoint(fconv, args))
+    convs2s = load_converted(converted, dictionary)
+    assert convs2s.max_positions() == fconv.max_positions() == (38, 48)
+
+    src = random_batch(dictionary, [9, 5, 7, 3], seed=7)
+    prev = random_batch(dictionary, [8, 8, 8, 8], seed=8, left_pad=False)
+    torch.testing.assert_close(log_probs(convs2s, src, prev), log_probs(fconv, src, prev), atol=1e-5, rtol=1e-5)
+    assert beam_search(convs2s, dictionary, src) == beam_search(fconv, dictionary, src)
+    assert "last_optimizer_state" not in converted
+
+
+def test_old_formats_convert_the_same():
+    """A version-1 decoder (weight norm over dim 0) and stray _linearized_weight keys give the same model."""
+    dictionary = make_dictionary(25)
+    fconv, args = train_fconv(dictionary)
+    new = fairseq_checkpoint(fconv, args)
+    old = fairseq_checkpoint(fconv, args)
+    state = dict(old["model"])
+    state["decoder.version"] = torch.tensor([1.0])
+    for i in range(4):
+        prefix = f"decoder.convolutions.{i}."
+        weight = state[prefix + "weight_v"] * (
+            state[prefix + "weight_g"] / state[prefix + "weight_v"].norm(dim=(0, 1), keepdim=True)
+        )
+        state[prefix + "weight_v"] = weight * 3.0  # any scale: only the direction of v counts
+        state[prefix + "weight_g"] = weight.norm(dim=(1, 2), keepdim=True)  # k x 1 x 1, the old layout
+        state[prefix + "_linearized_weight"] = torch.zeros(1)
+    old["model"] = state
+    old["args"], old["cfg"] = old["cfg"]["model"], None  # pre-hydra checkpoints kept a Namespace in 'args'
+    a, b = load_converted(convert_checkpoint(new), dictionary), convert_checkpoint(old)
+    assert b["args"].arch == "convs2s"
+    b = load_converted({"cfg": {"model": b["args"]}, "model": b["model"]}, dictionary)
+    src = random_batch(dictionary, [6, 4], seed=3)
+    prev = random_batch(dictionary, [5, 5], seed=4, left_pad=False)
+    torch.testing.assert_close(log_probs(a, src, prev), log_probs(b, src, prev), atol=1e-5, rtol=1e-5)
+
+
+def test_a_swapped_weight_is_caught():
+    """The equality check has teeth: swapping two same-shaped tensors changes the outputs."""
+    dictionary = make_dictionary(25)
+    fconv, args = train_fconv(dictionary)
+    converted = convert_checkpoint(fairseq_checkpoint(fconv, args))
+    state = converted["model"]
+    a, b = "decoder.blocks.0.conv.weight_v", "decoder.blocks.1.conv.weight_v"
+    state[a], state[b] = state[b], state[a]
+    convs2s = load_converted(converted, dictionary)
+    src, prev = random_batch(dictionary, [6], seed=1), random_batch(dictionary, [5], seed=2, left_pad=False)
+    assert (log_probs(convs2s, src, prev) - log_probs(fconv, src, prev)).abs().max() > 1e-3
+
+
+def test_bad_inputs_fail_with_a_message_and_leave_no_file(tmp_path):
+    dictionary = make_dictionary(25)
+    fconv, args = train_fconv(dictionary, steps=1)
+    good = tmp_path / "fconv.pt"
+    torch.save(fairseq_checkpoint(fconv, args), good)
+    truncated = tmp_path / "truncated.pt"
+    truncated.write_bytes(good.read_bytes()[:2000])
+    other = tmp_path / "other.pt"
+    checkpoint = fairseq_checkpoint(fconv, args)
+    checkpoint["cfg"]["model"] = argparse.Namespace(**{**vars(args), "arch": "transformer"})
+    torch.save(checkpoint, other)
+    out = tmp_path / "out.pt"
+    for path, message in [
+        (truncated, "cannot be read as a torch checkpoint"),
+        (other, "not an fconv translation model: its arch is 'transformer'"),
+        (tmp_path / "missing.pt", "no such file"),
+    ]:
+        with pytest.raises(ConversionError, match=message):
+            convert_file(str(path), str(out))
+        assert not out.exists() and not list(tmp_path.glob(".convert_fconv.*"))
+
+    cli = [sys.executable, "-m", "fairseq_convs2s.convert_fconv"]
+    result = subprocess.run(cli + [str(truncated), str(out)], capture_output=True, text=True)
+    assert result.returncode == 1 and "convert_fconv: error:" in result.stderr and "Traceback" not in result.stderr
+    assert not out.exists()
+    result = subprocess.run(cli + [str(good), str(out)], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    assert torch.load(out, map_location="cpu")["cfg"]["model"].arch == "convs2s"
