@@ -238,3 +238,13 @@ def test_validation_after_optimizer_steps_uses_the_updated_weights():
         optimizer.zero_grad()
         full_log_probs(model, src, prev).sum().neg().backward()
         optimizer.step()
+
+
+def test_pretrained_embeddings_are_loaded_from_a_file(tmp_path):
+    """--encoder-embed-path reads fairseq's text format (a header line, then 'word v1 v2 ...')."""
+    d = make_dictionary()
+    path = tmp_path / "emb.txt"
+    path.write_text("2 12\nw3 " + " ".join(["0.5"] * 12) + "\nnot_in_dict " + " ".join(["9"] * 12) + "\n")
+    model = build_model("convs2s_iwslt_de_en", dictionary=d, encoder_embed_path=str(path))
+    torch.testing.assert_close(model.encoder.embed_tokens.weight[d.index("w3")], torch.full((12,), 0.5))
+    assert not torch.allclose(model.decoder.embed_tokens.weight[d.index("w3")], torch.full((12,), 0.5))

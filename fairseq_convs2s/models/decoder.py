@@ -3,6 +3,7 @@
 from typing import Dict, List, Optional, Tuple
 
 import torch
+from fairseq import utils
 from fairseq.data import Dictionary
 from fairseq.models import FairseqIncrementalDecoder
 from fairseq.modules import FairseqDropout
@@ -47,8 +48,6 @@ class ConvS2SDecoder(FairseqIncrementalDecoder):
 
         self.embed_tokens = TokenEmbedding(len(dictionary), embed_dim, padding_idx)
         if embed_dict is not None:
-            from fairseq import utils
-
             self.embed_tokens = utils.load_embedding(embed_dict, dictionary, self.embed_tokens)
         self.embed_positions = LearnedPositionalEmbedding(max_positions, embed_dim, padding_idx, "target")
         self.input_projection = WeightNormLinear(embed_dim, layers[0].width, std=linear_std(embed_dim, dropout))

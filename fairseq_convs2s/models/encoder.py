@@ -3,6 +3,7 @@
 from typing import List, NamedTuple, Optional
 
 import torch
+from fairseq import utils
 from fairseq.data import Dictionary
 from fairseq.models import FairseqEncoder
 from fairseq.modules import FairseqDropout, GradMultiply
@@ -47,8 +48,6 @@ class ConvS2SEncoder(FairseqEncoder):
         self.dropout_module = FairseqDropout(dropout, module_name=type(self).__name__)
         self.embed_tokens = TokenEmbedding(len(dictionary), embed_dim, self.padding_idx)
         if embed_dict is not None:
-            from fairseq import utils
-
             self.embed_tokens = utils.load_embedding(embed_dict, dictionary, self.embed_tokens)
         self.embed_positions = LearnedPositionalEmbedding(max_positions, embed_dim, self.padding_idx, "source")
         # the embeddings are dropped out before this layer: std sqrt(p / f)
