@@ -1,7 +1,7 @@
 """ConvS2S (Gehring et al., 2017) as a fairseq plugin: ``--user-dir fairseq_convs2s --arch convs2s_*``.
 
-Importing the package registers the ``convs2s`` model, its ``--arch`` presets and the plugin's criteria, and
-lets fairseq's checkpoints load under torch's safe unpickler.
+Importing the package registers the ``convs2s`` model and its ``--arch`` presets, and lets fairseq's
+checkpoints load under torch's safe unpickler.
 """
 
 from .checkpoint_compat import allow_fairseq_checkpoints

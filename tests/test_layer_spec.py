@@ -48,3 +48,6 @@ def test_attention_spec():
         parse_attention_spec("False", 3)
     with pytest.raises(LayerSpecError, match="list of booleans"):
         parse_attention_spec("[1, 0, 1]", 3)
+    with pytest.raises(LayerSpecError, match=r"--decoder-attention: cannot parse .*list of booleans") as err:
+        parse_attention_spec("[True", 3)
+    assert "width, kernel" not in str(err.value)

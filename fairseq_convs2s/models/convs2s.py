@@ -11,12 +11,16 @@ from ..modules.attention import value_scale_for
 from .config import DEFAULT_MAX_POSITIONS, ConvS2SConfig
 from .decoder import ConvS2SDecoder
 from .encoder import ConvS2SEncoder
-from .layer_spec import LayerSpecError, parse_attention_spec, parse_layer_spec
+from .layer_spec import LayerSpecError, parse_attention_spec, parse_attention_values, parse_layer_spec
 
 logger = logging.getLogger(__name__)
 
 # flags whose values are layer specs: parsed at argument-parsing time so a typo fails before any work is done
-_SPEC_FLAGS = {"--encoder-layers": parse_layer_spec, "--decoder-layers": parse_layer_spec}
+_SPEC_FLAGS = {
+    "--encoder-layers": parse_layer_spec,
+    "--decoder-layers": parse_layer_spec,
+    "--decoder-attention": parse_attention_values,  # the count against the layers is checked at build time
+}
 
 
 @register_model("convs2s")

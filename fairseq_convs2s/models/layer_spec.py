@@ -58,22 +58,25 @@ def _is_count(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= 10_000
 
 
-def _parse(text: str, flag: str) -> Any:
+_ATTENTION_HELP = 'expected True, False or a list of booleans, one per decoder layer, e.g. "[False] * 2 + [True]"'
+
+
+def _parse(text: str, flag: str, expected: str) -> Any:
     if not isinstance(text, str) or not text.strip():
-        raise LayerSpecError(f"{flag}: empty spec; {_SPEC_HELP}")
+        raise LayerSpecError(f"{flag}: empty spec; {expected}")
     try:
         tree = ast.parse(text.strip(), mode="eval")
     except SyntaxError as e:
-        raise LayerSpecError(f"{flag}: cannot parse {text!r} ({e.msg}); {_SPEC_HELP}") from None
+        raise LayerSpecError(f"{flag}: cannot parse {text!r} ({e.msg}); {expected}") from None
     try:
         return _literal(tree.body, text.strip())
     except LayerSpecError as e:
-        raise LayerSpecError(f"{flag}: {e}; {_SPEC_HELP}") from None
+        raise LayerSpecError(f"{flag}: {e}; {expected}") from None
 
 
 def parse_layer_spec(text: str, flag: str = "--encoder-layers") -> List[ConvLayer]:
     """Parse a conv layer spec into a list of :class:`ConvLayer`; raise :class:`LayerSpecError` with the flag name."""
-    value = _parse(text, flag)
+    value = _parse(text, flag, _SPEC_HELP)
     if isinstance(value, tuple):  # a single layer given without brackets
         value = [value]
     if not isinstance(value, list) or not value:
@@ -94,13 +97,19 @@ def parse_layer_spec(text: str, flag: str = "--encoder-layers") -> List[ConvLaye
     return layers
 
 
+def parse_attention_values(text: Union[str, bool], flag: str = "--decoder-attention") -> Union[bool, List[bool]]:
+    """Parse ``"True"``/``"False"`` or a list of booleans (the syntax alone; the count needs the layers)."""
+    value = text if isinstance(text, bool) else _parse(text, flag, _ATTENTION_HELP)
+    if not isinstance(value, bool) and not (isinstance(value, list) and all(isinstance(v, bool) for v in value)):
+        raise LayerSpecError(f"{flag}: {_ATTENTION_HELP}, got {text!r}")
+    return value
+
+
 def parse_attention_spec(text: Union[str, bool], num_layers: int, flag: str = "--decoder-attention") -> List[bool]:
     """Parse ``"True"``/``"False"`` or a list of booleans, one per decoder layer."""
-    value = text if isinstance(text, bool) else _parse(text, flag)
+    value = parse_attention_values(text, flag)
     if isinstance(value, bool):
         value = [value] * num_layers
-    if not isinstance(value, list) or not all(isinstance(v, bool) for v in value):
-        raise LayerSpecError(f"{flag}: expected True, False or a list of booleans, got {text!r}")
     if len(value) != num_layers:
         raise LayerSpecError(f"{flag}: {len(value)} entries for {num_layers} decoder layers in {text!r}")
     if not any(value):

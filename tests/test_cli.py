@@ -1,0 +1,360 @@
+"""End-to-end tests through the real fairseq command-line tools, run as subprocesses on a generated toy corpus.
+
+One small ``convs2s_iwslt_de_en`` model (shrunk by flags) is trained once per module on a word-mapping-and-reversal
+task (see ``cli_helpers``) and reused by the tests that follow; each tool runs as ``python -m fairseq_cli.<tool>``
+with ``--user-dir`` pointing at this repository's plugin.
+"""
+
+import math
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+from cli_helpers import (
+    EVAL_FLAGS,
+    PLUGIN_DIR,
+    bleu_of,
+    check_ok,
+    epoch_losses,
+    generate,
+    hypothesis_lines,
+    last_frame,
+    make_splits,
+    preprocess,
+    run_cli,
+    split_hypothesis,
+    tail,
+    torch_frames,
+    train,
+    translate,
+    validation_stats,
+    write_corpus,
+)
+
+EPOCHS = 20
+# BLEU on the 100 test sentences, measured with this corpus and these flags (seed 1, 2 CPU cores): the trained
+# model scores 98.5 after 20 epochs (94-99 from epoch 16 on); the same model after 1 update at lr 1e-9 scores 0.0,
+# and so does the model after 1 epoch. Models part-way through training score 5-75 (epochs 6-14).
+BLEU_THRESHOLD = 80.0
+NUM_TEST = 100
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    """Text files and the binarized ``bin/`` folder of the toy corpus: 3000 training, 100 valid, 100 test pairs."""
+    folder = tmp_path_factory.mktemp("cli")
+    make_splits(folder, {"train": 3000, "valid": 100, "test": NUM_TEST})
+    preprocess(folder, "bin", trainpref="train", validpref="valid", testpref="test")
+    return folder
+
+
+@pytest.fixture(scope="module")
+def trained(corpus):
+    """The model every other test uses: ``fairseq-train`` for EPOCHS epochs; ``log`` is its full output."""
+    proc = train(corpus, "bin", "ckpt", "--max-epoch", str(EPOCHS))
+    return SimpleNamespace(folder=corpus, log=proc.stdout + proc.stderr)
+
+
+@pytest.fixture(scope="module")
+def generated_best(trained):
+    """``fairseq-generate --path ckpt/checkpoint_best.pt --beam 5 --print-alignment`` on the test set."""
+    return generate(trained.folder, "bin", "ckpt/checkpoint_best.pt", "--print-alignment")
+
+
+@pytest.fixture(scope="module")
+def generated_last(trained):
+    """The same on ``checkpoint_last.pt`` (the model after the last epoch, whatever validation said)."""
+    return generate(trained.folder, "bin", "ckpt/checkpoint_last.pt", "--print-alignment")
+
+
+@pytest.fixture(scope="module")
+def validated_last(trained):
+    """``fairseq-validate`` of ``checkpoint_last.pt`` on the valid and test subsets."""
+    args = [
+        "bin", "--task", "translation",  # fairseq-validate has no default task
+        "--user-dir", PLUGIN_DIR,
+        "--path", "ckpt/checkpoint_last.pt",
+        "--valid-subset", "valid,test",
+        "--batch-size", "32",
+        "--cpu",
+        *EVAL_FLAGS,
+    ]  # fmt: skip
+    return check_ok(run_cli("validate", args, cwd=trained.folder))
+
+
+def _interactive(folder: Path, checkpoint: str, lines, *extra: str, data: str = "bin"):
+    args = [data, "--user-dir", PLUGIN_DIR, "--path", checkpoint, "--source-lang", "src", "--target-lang", "tgt"]
+    return run_cli("interactive", [*args, "--cpu", "--beam", "5", *extra], cwd=folder, stdin="\n".join(lines) + "\n")
+
+
+# ---- training --------------------------------------------------------------------------------------------------
+
+
+def test_training_writes_checkpoints_and_loss_decreases(trained):
+    """fairseq-train builds the plugin's model from --arch plus flags, trains it, and saves best/last checkpoints;
+    the per-epoch training loss falls steadily and far (label-smoothed loss ~4.9 at epoch 1)."""
+    ckpt = trained.folder / "ckpt"
+    assert (ckpt / "checkpoint_best.pt").is_file() and (ckpt / "checkpoint_last.pt").is_file(), sorted(
+        p.name for p in ckpt.iterdir()
+    )
+    assert "ConvS2SModel" in trained.log and "model: ConvS2SModel" in trained.log, trained.log[-3000:]
+
+    losses = epoch_losses(trained.log, "train")
+    assert len(losses) == EPOCHS, f"expected {EPOCHS} epoch summaries, got {losses}"
+    assert all(math.isfinite(x) for x in losses), losses
+    assert losses[-1] < 0.5 * losses[0], f"training loss did not fall enough: {losses}"
+    # mostly downhill: the later half of training is below the earlier half, epoch by epoch on average
+    half = EPOCHS // 2
+    assert sum(losses[half:]) / (EPOCHS - half) < sum(losses[:half]) / half, losses
+
+
+def test_validation_during_training_sees_the_current_weights(trained, validated_last, generated_best):
+    """The valid loss fairseq-train logs after the last epoch is the loss fairseq-validate computes for
+    checkpoint_last.pt; so it falls with training, and checkpoint_best.pt (picked by it) is a trained model.
+
+    Regression test: the weight-norm layers once cached their folded weights across optimizer steps (fairseq's
+    optimizers write through p.data, which bumps no version counter), so validation during training kept the
+    first epoch's weights, the logged valid loss rose while training improved, and checkpoint_best.pt was epoch 1.
+    """
+    valid = epoch_losses(trained.log, "valid")
+    standalone = validation_stats(validated_last.stderr + validated_last.stdout)["valid"]["loss"]
+    assert valid[-1] == pytest.approx(standalone, abs=0.01), (
+        f"fairseq-train logged valid loss {valid[-1]} after the last epoch; fairseq-validate of the same "
+        f"checkpoint says {standalone}; all logged valid losses: {valid}"
+    )
+    assert min(valid) < valid[0] - 1.0, f"valid loss never fell during training: {valid}"
+    assert bleu_of(generated_best.stdout) > BLEU_THRESHOLD
+
+
+# ---- generation ------------------------------------------------------------------------------------------------
+
+
+def _alignment_pairs(a_line: str):
+    return [tuple(int(x) for x in pair.split("-")) for pair in a_line.split()]
+
+
+def test_generate_prints_hypotheses_scores_and_alignments(corpus, generated_best):
+    """fairseq-generate on checkpoint_best.pt answers every test sentence with an H- line (finite score), a P- line
+    (one score per token plus EOS) and an A- line whose source/target indices lie inside the sentences."""
+    lines = hypothesis_lines(generated_best.stdout)
+    expected = set(range(NUM_TEST))
+    for kind in "STHDPA":
+        assert set(lines[kind]) == expected, f"{kind}- lines missing for ids {sorted(expected - set(lines[kind]))}"
+
+    sources = (corpus / "test.src").read_text().splitlines()
+    for i in expected:
+        assert lines["S"][i] == sources[i], (i, lines["S"][i], sources[i])
+        _, hyp = split_hypothesis(lines["H"][i])
+        scores = [float(x) for x in lines["P"][i].split()]
+        assert len(scores) == len(hyp) + 1 and all(math.isfinite(s) and s <= 0 for s in scores), lines["P"][i]
+        pairs = _alignment_pairs(lines["A"][i])
+        src_len = len(sources[i].split())
+        assert pairs, f"empty alignment for sentence {i}"
+        for s, t in pairs:
+            assert 0 <= s < src_len and 0 <= t < len(hyp), f"alignment {s}-{t} out of range in sentence {i}: {pairs}"
+        assert sorted(t for _, t in pairs) == list(range(len(hyp))), f"not one alignment per target word: {pairs}"
+
+
+def test_generate_bleu_shows_the_model_learned(trained, generated_last):
+    """The trained model translates the held-out test set almost perfectly (BLEU above BLEU_THRESHOLD), while the
+    same model after a single update at lr 1e-9 (untrained) scores far below, so the threshold measures learning;
+    the attention also learned the task: hard alignments mostly point at the mirrored source word."""
+    bleu = bleu_of(generated_last.stdout)
+    assert bleu > BLEU_THRESHOLD, f"trained model BLEU {bleu} <= {BLEU_THRESHOLD}" + tail(generated_last)
+
+    train(trained.folder, "bin", "untrained", "--max-update", "1", "--lr", "1e-9")
+    untrained = bleu_of(generate(trained.folder, "bin", "untrained/checkpoint_last.pt").stdout)
+    assert untrained < 20.0, f"an untrained model reached BLEU {untrained}: the task or the metric is too easy"
+    assert bleu - untrained > 60.0, (bleu, untrained)
+
+    lines = hypothesis_lines(generated_last.stdout)
+    mirrored = total = 0
+    for i, a_line in lines["A"].items():
+        src_len = len(lines["S"][i].split())
+        for s, t in _alignment_pairs(a_line):
+            total += 1
+            mirrored += s == src_len - 1 - t
+    assert total and mirrored / total > 0.8, f"only {mirrored}/{total} alignments point at the mirrored source word"
+
+
+def test_validate_reports_loss(validated_last):
+    """fairseq-validate loads the checkpoint and reports a finite, low loss on every sentence of both subsets."""
+    stats = validation_stats(validated_last.stderr + validated_last.stdout)
+    assert set(stats) == {"valid", "test"}, tail(validated_last)
+    for subset, fields in stats.items():
+        assert math.isfinite(fields["loss"]) and math.isfinite(fields["nll_loss"]), fields
+        assert fields["nll_loss"] < 1.5, f"{subset}: the trained model's nll_loss is high: {fields}"
+        assert fields["bsz"] == 100, f"{subset}: not every sentence was evaluated: {fields}"
+
+
+# ---- interactive -----------------------------------------------------------------------------------------------
+
+
+def test_interactive_answers_every_line(trained):
+    """fairseq-interactive reads source lines from stdin and prints an H- line per line, in order, including an
+    empty line, a whitespace-only line (both become an EOS-only source; fairseq still decodes them) and a line of
+    unknown words (all <unk>); known sentences come out correctly translated, and a batch of all five lines
+    (padded together) gives the same hypotheses as one line at a time."""
+    inputs = ["s1 s2 s3", "", "   ", "foo bar baz", "s4 s5 s6 s7 s8"]
+    one_by_one = _interactive(trained.folder, "ckpt/checkpoint_last.pt", inputs)
+    check_ok(one_by_one)
+    lines = hypothesis_lines(one_by_one.stdout)
+    assert sorted(lines["S"]) == sorted(lines["H"]) == list(range(len(inputs))), tail(one_by_one)
+    assert [lines["S"][i] for i in range(len(inputs))] == ["s1 s2 s3", "", "", "<unk> <unk> <unk>", inputs[4]]
+    hyps = {i: split_hypothesis(h)[1] for i, h in lines["H"].items()}
+    assert hyps[0] == translate(inputs[0].split()) and hyps[4] == translate(inputs[4].split()), hyps
+    assert all(w.startswith("t") for hyp in hyps.values() for w in hyp), hyps
+
+    batched = _interactive(trained.folder, "ckpt/checkpoint_last.pt", inputs, "--buffer-size", "8", "--batch-size", "8")
+    check_ok(batched)
+    batched_hyps = {i: split_hypothesis(h)[1] for i, h in hypothesis_lines(batched.stdout)["H"].items()}
+    assert batched_hyps == hyps
+
+
+# ---- bad input -------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("flag, spec", [("--encoder-layers", "[(32,3)"), ("--decoder-attention", "[True")])
+def test_malformed_layer_spec_is_a_usage_error(corpus, flag, spec):
+    """A malformed --encoder-layers or --decoder-attention fails at argument parsing: exit code 2, argparse's message
+    naming the flag and the parse problem, no traceback, and no training started."""
+    proc = run_cli(
+        "train",
+        ["bin", "--user-dir", PLUGIN_DIR, "--arch", "convs2s_iwslt_de_en", flag, spec]
+        + ["--cpu", "--max-tokens", "1000", "--save-dir", "bad_spec"],
+        cwd=corpus,
+    )
+    assert proc.returncode == 2, tail(proc)
+    assert f"error: argument {flag}" in proc.stderr and "never closed" in proc.stderr, tail(proc)
+    assert "Traceback" not in proc.stderr, tail(proc)
+    assert not (corpus / "bad_spec").exists()
+
+
+def test_unknown_arch_is_an_invalid_choice(corpus):
+    """An unknown --arch is rejected by fairseq's argparse with "invalid choice", exit code 2; the list of choices
+    it prints includes the plugin's presets (so the plugin was loaded when the error was raised)."""
+    proc = run_cli(
+        "train",
+        ["bin", "--user-dir", PLUGIN_DIR, "--arch", "convs2s_nope", "--cpu", "--max-tokens", "1000"]
+        + ["--save-dir", "bad_arch"],
+        cwd=corpus,
+    )
+    assert proc.returncode == 2, tail(proc)
+    assert "invalid choice: 'convs2s_nope'" in proc.stderr and "'convs2s_iwslt_de_en'" in proc.stderr, tail(proc)
+    assert "Traceback" not in proc.stderr, tail(proc)
+
+
+def test_mismatched_embed_dims_fail_with_the_plugins_message(corpus):
+    """--encoder-embed-dim != --decoder-embed-dim cannot work (attention dots the two); building the model fails
+    with a message naming both flags, raised by the plugin before torch is reached."""
+    proc = run_cli(
+        "train",
+        ["bin", "--user-dir", PLUGIN_DIR, "--arch", "convs2s_iwslt_de_en", "--encoder-embed-dim", "32"]
+        + ["--cpu", "--max-tokens", "1000", "--save-dir", "bad_dims"],
+        cwd=corpus,
+    )
+    assert proc.returncode != 0, tail(proc)
+    assert "--encoder-embed-dim (32) and --decoder-embed-dim (256) must be equal" in proc.stderr, tail(proc)
+    assert not torch_frames(proc.stderr), tail(proc)
+    assert "fairseq_convs2s" in last_frame(proc.stderr), tail(proc)
+
+
+# ---- sources longer than the model's positions -----------------------------------------------------------------
+
+SHORT_LONG = [5, 25, 7, 18, 4]  # source lengths of the "long" test set; 25 and 18 do not fit 16 positions
+
+
+@pytest.fixture(scope="module")
+def short_model(trained):
+    """A model with 16 source/target positions (1 epoch on the corpus, every training sentence fits) and a
+    test set ``bin_long`` of sentences of SHORT_LONG words, binarized with the corpus' dictionaries."""
+    folder = trained.folder
+    train(folder, "bin", "ckpt16", "--max-epoch", "1", "--max-source-positions", "16", "--max-target-positions", "16")
+    sentences = [[f"s{(3 * i + j) % 24}" for j in range(n)] for i, n in enumerate(SHORT_LONG)]
+    write_corpus(folder, "long", sentences)
+    preprocess(folder, "bin_long", "--srcdict", "bin/dict.src.txt", "--tgtdict", "bin/dict.tgt.txt", testpref="long")
+    return SimpleNamespace(folder=folder, checkpoint="ckpt16/checkpoint_last.pt", sentences=sentences)
+
+
+def test_generate_rejects_too_long_sources_unless_told_to_skip(short_model):
+    """fairseq-generate refuses a test set with sources longer than the model's 16 positions before decoding
+    anything (exit 1, fairseq's message naming max_positions and --skip-invalid-size-inputs-valid-test; no torch
+    frames); with --skip-invalid-size-inputs-valid-test it warns, skips the long ones and translates the rest."""
+    folder, ckpt = short_model.folder, short_model.checkpoint
+    proc = generate(folder, "bin_long", ckpt, check=False)
+    assert proc.returncode != 0, tail(proc)
+    assert "max_positions=(16, 16)" in proc.stderr, tail(proc)
+    assert "--skip-invalid-size-inputs-valid-test" in proc.stderr, tail(proc)
+    assert not torch_frames(proc.stderr), tail(proc)
+    assert "H-" not in proc.stdout
+
+    proc = generate(folder, "bin_long", ckpt, "--skip-invalid-size-inputs-valid-test")
+    fits = {i for i, n in enumerate(SHORT_LONG) if n + 1 <= 16}  # + EOS
+    assert set(hypothesis_lines(proc.stdout)["H"]) == fits, tail(proc)
+    assert "2 samples have invalid sizes and will be skipped, max_positions=(16, 16)" in proc.stderr, tail(proc)
+
+
+def test_interactive_too_long_source(short_model):
+    """fairseq-interactive answers the lines before a too-long one, then stops with fairseq's max_positions error
+    (exit 1, no torch frames); with --skip-invalid-size-inputs-valid-test it skips that line (no S-/H- output for
+    its id) and answers the others."""
+    folder, ckpt = short_model.folder, short_model.checkpoint
+    inputs = [" ".join(s) for s in short_model.sentences[:3]]  # 5, 25, 7 words
+
+    proc = _interactive(folder, ckpt, inputs)
+    assert proc.returncode != 0, tail(proc)
+    assert "max_positions=(16, 16)" in proc.stderr and "--skip-invalid-size-inputs-valid-test" in proc.stderr
+    assert not torch_frames(proc.stderr), tail(proc)
+    assert set(hypothesis_lines(proc.stdout)["H"]) == {0}, tail(proc)
+
+    proc = check_ok(_interactive(folder, ckpt, inputs, "--skip-invalid-size-inputs-valid-test"))
+    lines = hypothesis_lines(proc.stdout)
+    assert set(lines["H"]) == set(lines["S"]) == {0, 2}, tail(proc)
+
+
+# ---- loading the plugin ----------------------------------------------------------------------------------------
+
+_IMPORT_BOTH_WAYS = """
+import argparse, sys
+{first}
+{second}
+from fairseq.models import ARCH_MODEL_REGISTRY, MODEL_REGISTRY
+import fairseq_convs2s
+assert sys.modules["fairseq_convs2s"] is fairseq_convs2s
+assert MODEL_REGISTRY["convs2s"] is fairseq_convs2s.ConvS2SModel
+presets = sorted(a for a in ARCH_MODEL_REGISTRY if a.startswith("convs2s"))
+assert all(ARCH_MODEL_REGISTRY[a] is fairseq_convs2s.ConvS2SModel for a in presets)
+print("PRESETS", " ".join(presets))
+"""
+
+
+@pytest.mark.parametrize("order", ["import_then_user_dir", "user_dir_then_import"])
+def test_plugin_loads_by_import_and_by_user_dir_in_one_process(tmp_path, order):
+    """The installed package and fairseq's --user-dir loader (utils.import_user_module, twice) resolve to one
+    module in either order: no "Cannot register duplicate" error, the model and all presets registered once."""
+    by_import = "import fairseq_convs2s"
+    by_user_dir = (
+        "from fairseq import utils\n"
+        f"utils.import_user_module(argparse.Namespace(user_dir={str(PLUGIN_DIR)!r}))\n"
+        f"utils.import_user_module(argparse.Namespace(user_dir={str(PLUGIN_DIR)!r}))"
+    )
+    first, second = (by_import, by_user_dir) if order == "import_then_user_dir" else (by_user_dir, by_import)
+    code = _IMPORT_BOTH_WAYS.format(first=first, second=second)
+    proc = subprocess.run(
+        [sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=120
+    )  # cwd outside the repository: the import must come from the installed package
+    assert proc.returncode == 0, tail(proc)
+    assert "Cannot register duplicate" not in proc.stderr
+    presets = proc.stdout.split("PRESETS", 1)[1].split()
+    assert presets == sorted(
+        [
+            "convs2s",
+            "convs2s_gigaword",
+            "convs2s_iwslt_de_en",
+            "convs2s_wmt_en_de",
+            "convs2s_wmt_en_fr",
+            "convs2s_wmt_en_ro",
+        ]
+    ), presets
