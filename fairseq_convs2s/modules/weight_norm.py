@@ -43,7 +43,7 @@ class _WeightNorm(nn.Module):
         return torch.linalg.vector_norm(v, dim=self.norm_dims, keepdim=True)
 
     def _derived(self, name: str, compute: Callable[[], Tensor]) -> Tensor:
-        """``compute()``, cached while gradients are off and the parameters are unchanged."""
+        """``compute()``; while gradients are off, computed once per inference pass and parameter version."""
         v, g = self.weight_v, self.weight_g
         if torch.is_grad_enabled() and (v.requires_grad or g.requires_grad):
             return compute()
@@ -61,11 +61,6 @@ class _WeightNorm(nn.Module):
     @property
     def weight(self) -> Tensor:
         return self._derived("weight", self._fold)
-
-    def fold_weight_norm(self) -> Tensor:
-        """The effective weight ``g * v / ||v||`` as a plain tensor (used by converters and tests)."""
-        with torch.no_grad():
-            return self._fold()
 
 
 class WeightNormLinear(_WeightNorm):
