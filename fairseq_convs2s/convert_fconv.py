@@ -21,8 +21,6 @@ from typing import Dict, Tuple
 import torch
 from torch import Tensor
 
-from .checkpoint_compat import allow_fairseq_checkpoints
-
 FCONV_ARCHS = ("fconv", "fconv_iwslt_de_en", "fconv_wmt_en_ro", "fconv_wmt_en_de", "fconv_wmt_en_fr")
 
 # fconv module path -> convs2s module path (the parameter names inside, weight_g/weight_v/bias, are the same)
@@ -147,8 +145,10 @@ def _check_loads(args: Namespace, state: Dict[str, Tensor]) -> None:
 
 
 def convert_file(in_path: str, out_path: str) -> None:
-    """Read ``in_path``, convert, write ``out_path`` atomically (a temporary file renamed when complete)."""
-    allow_fairseq_checkpoints()
+    """Read ``in_path``, convert, write ``out_path`` atomically (a temporary file renamed when complete).
+
+    Importing this module ran the package's ``__init__``, which allow-lists fairseq's checkpoint classes.
+    """
     try:
         checkpoint = torch.load(in_path, map_location="cpu")
     except FileNotFoundError:
@@ -173,8 +173,6 @@ def main(argv=None) -> int:
     parser.add_argument("input", help="fconv checkpoint (.pt)")
     parser.add_argument("output", help="where to write the convs2s checkpoint")
     args = parser.parse_args(argv)
-    import fairseq_convs2s  # noqa: F401  (registers convs2s for the load check)
-
     try:
         convert_file(args.input, args.output)
     except ConversionError as e:

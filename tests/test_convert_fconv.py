@@ -10,7 +10,7 @@ import torch
 from fairseq.models.fconv import FConvModel
 from fairseq.models.fconv import base_architecture as fconv_base_architecture
 from fairseq.sequence_generator import SequenceGenerator
-from utils import make_dictionary, random_batch
+from utils import full_log_probs, make_dictionary, random_batch
 
 from fairseq_convs2s.convert_fconv import ConversionError, convert_checkpoint, convert_file
 from fairseq_convs2s.models.convs2s import ConvS2SModel
@@ -65,8 +65,7 @@ def load_converted(converted, dictionary):
 
 def log_probs(model, src, prev):
     with torch.no_grad():
-        logits, _ = model(src, None, prev)
-        return model.get_normalized_probs((logits, None), log_probs=True)
+        return full_log_probs(model, src, prev)
 
 
 def beam_search(model, dictionary, src):
