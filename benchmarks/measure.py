@@ -1,0 +1,261 @@
+"""What the harness measures: generation and training speed, FLOPs, peak memory, the machine's matmul peak."""
+
+import os
+import platform
+import statistics
+import subprocess
+import threading
+import time
+from typing import Callable, Dict, List, Optional
+
+import torch
+from fairseq.criterions.label_smoothed_cross_entropy import label_smoothed_nll_loss
+from fairseq.optim.nag import FairseqNAG
+from fairseq.sequence_generator import SequenceGenerator
+from torch.utils.flop_counter import FlopCounterMode
+
+from .pair import collate, random_sentences
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+
+
+def alternate(fns: Dict[str, Callable[[], object]], repeats: int, warmup: int, device: torch.device):
+    """Run each function ``warmup`` times, then ``repeats`` timed times, alternating the order every round so
+    that a slow spell of a shared machine falls on both sides. Returns {name: [seconds, ...]}."""
+    for _ in range(warmup):
+        for fn in fns.values():
+            fn()
+    times: Dict[str, List[float]] = {name: [] for name in fns}
+    names = list(fns)
+    for r in range(repeats):
+        for name in names if r % 2 == 0 else reversed(names):
+            sync(device)
+            start = time.perf_counter()
+            fns[name]()
+            sync(device)
+            times[name].append(time.perf_counter() - start)
+    return times
+
+
+def median(xs: List[float]) -> float:
+    return statistics.median(xs)
+
+
+# ---- generation ----------------------------------------------------------------------------------------------
+
+
+def source_batches(dictionary, sentences: int, length: int, batch: int, device, seed: int = 7):
+    """fairseq samples (left-padded sources) of ``sentences`` random sentences, ``batch`` at a time."""
+    sents = random_sentences(dictionary, sentences, length, seed)
+    samples = []
+    for i in range(0, sentences, batch):
+        chunk = sents[i : i + batch]
+        src = collate(chunk, dictionary.pad(), left_pad=True).to(device)
+        lengths = torch.tensor([s.numel() for s in chunk], device=device)
+        samples.append({"net_input": {"src_tokens": src, "src_lengths": lengths}})
+    return samples
+
+
+def generator_fn(model, dictionary, samples, beam: int, out_len: int):
+    """A closure decoding every sample with beam search, every hypothesis forced to ``out_len`` tokens
+    (no EOS before, EOS at) so both models do the same work whatever their weights say."""
+    generator = SequenceGenerator([model], dictionary, beam_size=beam, max_len_a=0, max_len_b=out_len, min_len=out_len)
+    result: Dict[str, list] = {}
+
+    def run():
+        hyps = []
+        with torch.no_grad():
+            for sample in samples:
+                hyps.extend(h[0]["tokens"].tolist() for h in generator.generate([model], sample))
+        result["hyps"] = hyps
+        return hyps
+
+    return run, result
+
+
+# ---- training ------------------------------------------------------------------------------------------------
+
+
+def train_sample(dictionary, sentences: int, length: int, device, seed: int = 11):
+    """A training batch: sources, the target shifted right (EOS first), and the target."""
+    src = collate(random_sentences(dictionary, sentences, length, seed), dictionary.pad(), True)
+    tgt_list = random_sentences(dictionary, sentences, length, seed + 1)
+    tgt = collate(tgt_list, dictionary.pad(), False)
+    prev = torch.cat([torch.full((sentences, 1), dictionary.eos()), tgt[:, :-1]], dim=1)
+    lengths = torch.full((sentences,), length + 1)
+    return {
+        "net_input": {
+            "src_tokens": src.to(device),
+            "src_lengths": lengths.to(device),
+            "prev_output_tokens": prev.to(device),
+        },
+        "target": tgt.to(device),
+        "ntokens": int(tgt.ne(dictionary.pad()).sum()),
+    }
+
+
+class TrainStep:
+    """One fairseq-style update: forward, label-smoothed NLL (0.1), backward, clip 0.1, NAG (0.99).
+
+    With ``dtype=torch.bfloat16`` the model computes in bf16 and the optimizer updates fp32 master weights,
+    as fairseq's ``--bf16`` does.
+    """
+
+    def __init__(self, model, sample, pad: int, dtype: torch.dtype = torch.float32):
+        self.model, self.sample, self.pad = model.train(), sample, pad
+        self.params = [p for p in model.parameters() if p.requires_grad]
+        if dtype != torch.float32:
+            model.to(dtype)
+            self.master = [p.detach().float().clone().requires_grad_() for p in self.params]
+        else:
+            self.master = self.params
+        self.optimizer = FairseqNAG(_NagCfg(), self.master)
+        self.dtype = dtype
+        self.losses: List[float] = []
+
+    def forward_backward(self):
+        net_output = self.model(**self.sample["net_input"])
+        lprobs = self.model.get_normalized_probs(net_output, log_probs=True)  # B x T x V, fp32
+        loss, _ = label_smoothed_nll_loss(
+            lprobs.view(-1, lprobs.size(-1)), self.sample["target"].view(-1, 1), 0.1, ignore_index=self.pad
+        )
+        loss.backward()
+        return loss
+
+    def __call__(self):
+        self.optimizer.zero_grad()
+        for p in self.params:
+            p.grad = None
+        loss = self.forward_backward()
+        if self.master is not self.params:
+            for m, p in zip(self.master, self.params):
+                m.grad = p.grad.float() if p.grad is not None else None
+        torch.nn.utils.clip_grad_norm_(self.master, 0.1)
+        self.optimizer.step()
+        if self.master is not self.params:
+            with torch.no_grad():
+                for m, p in zip(self.master, self.params):
+                    p.copy_(m)
+        self.losses.append(loss.item() / self.sample["ntokens"])
+
+
+class _NagCfg:
+    lr = [0.25]
+    momentum = 0.99
+    weight_decay = 0.0
+
+
+def _conv_tbc_flops(x_shape, w_shape, b_shape, pad, out_shape=None, **_):
+    k, c_in, c_out = w_shape
+    return 2 * out_shape[0] * out_shape[1] * k * c_in * c_out
+
+
+def _conv_tbc_backward_flops(grad_shape, x_shape, w_shape, b_shape, pad, out_shape=None, **_):
+    k, c_in, c_out = w_shape
+    return 4 * grad_shape[0] * grad_shape[1] * k * c_in * c_out  # grad of the input and of the kernel
+
+
+def count_flops(fn: Callable[[], object]) -> int:
+    """FLOPs of one call, counting matmuls, bmm and conv_tbc (torch's counter does not know conv_tbc)."""
+    mapping = {
+        torch.ops.aten.conv_tbc.default: _conv_tbc_flops,
+        torch.ops.aten.conv_tbc_backward.default: _conv_tbc_backward_flops,
+    }
+    with FlopCounterMode(display=False, custom_mapping=mapping) as counter:
+        fn()
+    return counter.get_total_flops()
+
+
+# ---- the machine ---------------------------------------------------------------------------------------------
+
+
+def matmul_peak(dtype: torch.dtype, device: torch.device, n: int = 2048, budget_s: float = 3.0) -> float:
+    """GFLOP/s of an n^3 matmul (median of up to 5 timed calls within ``budget_s``)."""
+    a = torch.randn(n, n, device=device).to(dtype)
+    b = torch.randn(n, n, device=device).to(dtype)
+    sync(device)
+    start = time.perf_counter()
+    a @ b
+    sync(device)
+    first = time.perf_counter() - start
+    if first > budget_s:  # an unaccelerated dtype: one call says enough
+        return 2 * n**3 / first / 1e9
+    times = []
+    for _ in range(5):
+        sync(device)
+        start = time.perf_counter()
+        a @ b
+        sync(device)
+        times.append(time.perf_counter() - start)
+    return 2 * n**3 / median(times) / 1e9
+
+
+def describe_machine(device: torch.device) -> Dict[str, object]:
+    import fairseq
+
+    info: Dict[str, object] = {
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "fairseq": fairseq.__version__,
+        "torch_threads": torch.get_num_threads(),
+        "cpu_count": os.cpu_count(),
+        "cpu": _cpu_model(),
+        "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+        "git_commit": _git_commit(),
+    }
+    if device.type == "cuda":
+        info["gpu"] = torch.cuda.get_device_name(device)
+    return info
+
+
+def _cpu_model() -> str:
+    try:
+        for line in open("/proc/cpuinfo"):
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor()
+
+
+def _git_commit() -> str:
+    try:
+        out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=10)
+        return out.stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+
+
+class PeakRSS:
+    """Samples this process's resident set size every few milliseconds while in the ``with`` block (MiB)."""
+
+    def __init__(self, interval_s: float = 0.005):
+        self.interval_s, self.peak_mib, self._stop = interval_s, 0.0, threading.Event()
+
+    @staticmethod
+    def rss_mib() -> float:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+    def _poll(self):
+        while not self._stop.is_set():
+            self.peak_mib = max(self.peak_mib, self.rss_mib())
+            time.sleep(self.interval_s)
+
+    def __enter__(self):
+        self.peak_mib = self.rss_mib()
+        self._thread = threading.Thread(target=self._poll, daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._thread.join()
+        self.peak_mib = max(self.peak_mib, self.rss_mib())
+
+
+def gpu_peak_mib(device: torch.device) -> Optional[float]:
+    return torch.cuda.max_memory_allocated(device) / 2**20 if device.type == "cuda" else None

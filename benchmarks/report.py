@@ -1,0 +1,122 @@
+"""The harness's results as markdown tables (a section of BENCHMARKS.md per device) and a scaling plot."""
+
+import logging
+import os
+from pathlib import Path
+from typing import Dict, List
+
+
+def write_plot(results: Dict, path: Path) -> Path:
+    """Two panels: ms per sentence against source length (beam 5) and against beam size, fconv vs convs2s."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    logging.getLogger("matplotlib").setLevel(logging.WARNING)  # fairseq leaves the root logger at DEBUG
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4))
+    for ax, axis, label in zip(axes, ("length", "beam"), ("source length (tokens; output as long), beam 5", "beam")):
+        rows = results["scaling"][axis]
+        xs = [r[axis] for r in rows]
+        for impl, style in (("fconv", "o--"), ("convs2s", "s-")):
+            ax.plot(xs, [r[impl] for r in rows], style, label=impl)
+        ax.set_xlabel(label)
+        ax.set_ylabel("ms per sentence (batch 16)")
+        ax.grid(alpha=0.3)
+        ax.legend()
+    fig.suptitle(f"Generation cost, convs2s_iwslt_de_en size, {results['machine'].get('gpu', 'CPU')}")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
+def _table(header: List[str], rows: List[List[str]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def render(results: Dict, plot: Path, markdown_dir: Path) -> str:
+    m = results["machine"]
+    peaks = m["matmul_gflops"]
+    parts = [
+        f"Machine: {m.get('gpu') or m['cpu']}, {m['torch_threads']} torch threads ({m['cpu_count']} CPUs), "
+        f"cpu capability {m['cpu_capability']}; Python {m['python']}, torch {m['torch']}, fairseq {m['fairseq']}; "
+        f"commit {m['git_commit']}. 2048^3 matmul: {peaks['fp32']:.0f} GFLOP/s fp32, {peaks['bf16']:.1f} GFLOP/s "
+        f"bf16. Whole run: {results['wall_s'] / 60:.1f} min.",
+        "",
+        "**Generation** (random sentences of "
+        f"{results['args']['src_len']} tokens, outputs forced to the same length; median of the repeats):",
+        "",
+    ]
+    rows = []
+    for r in results["generation"]:
+        rows.append(
+            [
+                r["size"],
+                str(r["beam"]),
+                str(r["batch"]),
+                f"{r['fconv']['sentences_per_s']:.1f}",
+                f"{r['convs2s']['sentences_per_s']:.1f}",
+                f"{r['convs2s']['tokens_per_s']:.0f}",
+                f"**{r['speedup']:.2f}x**",
+                f"{r['identical']}/{r['sentences']}",
+            ]
+        )
+    header = ["size", "beam", "batch", "fconv sent/s", "convs2s sent/s", "convs2s tok/s", "speed-up", "same hyps"]
+    parts += [_table(header, rows), "", "**Training** (one update: forward, label smoothing, backward, clip, NAG):", ""]
+    rows = []
+    for r in results["training"]:
+        if "skipped" in r:
+            rows.append([r["size"], r["dtype"], "-", "-", "-", "-", "skipped: " + r["skipped"]])
+            continue
+        rows.append(
+            [
+                r["size"],
+                r["dtype"],
+                f"{r['fconv']['words_per_s']:.0f}",
+                f"{r['convs2s']['words_per_s']:.0f}",
+                f"**{r['speedup']:.2f}x**",
+                f"{r['fconv']['fraction_of_peak']:.0%} / {r['convs2s']['fraction_of_peak']:.0%}",
+                f"{r['convs2s']['gflop_per_update']:.1f} GFLOP/update",
+            ]
+        )
+    header = ["size", "dtype", "fconv words/s", "convs2s words/s", "speed-up", "FLOP/s of peak (fconv / convs2s)", ""]
+    parts += [_table(header, rows), "", "**Peak memory** (each model alone in a fresh process):", ""]
+    rows = []
+    for r in results["memory"]:
+        gpu = f" / {r['generate_gpu_mib']:.0f} / {r['train_gpu_mib']:.0f} GPU" if r.get("generate_gpu_mib") else ""
+        rows.append(
+            [
+                r["size"],
+                r["impl"],
+                f"{r['idle_rss_mib']:.0f}",
+                f"{r['generate_rss_mib']:.0f}",
+                f"{r['train_rss_mib']:.0f}{gpu}",
+            ]
+        )
+    header = ["size", "model", "RSS loaded (MiB)", "RSS beam-5 generate", "RSS one update"]
+    parts += [_table(header, rows), "", "**Scaling** (ms per sentence, batch 16, convs2s_iwslt_de_en size):", ""]
+    for axis in ("length", "beam"):
+        rows = [
+            [str(r[axis]), f"{r['fconv']:.1f}", f"{r['convs2s']:.1f}", f"{r['fconv'] / r['convs2s']:.2f}x"]
+            for r in results["scaling"][axis]
+        ]
+        name = "source length (beam 5)" if axis == "length" else "beam (25 tokens)"
+        parts += [_table([name, "fconv", "convs2s", "speed-up"], rows), ""]
+    parts.append(f"![scaling]({os.path.relpath(plot, markdown_dir)})")
+    return "\n".join(parts)
+
+
+def write_markdown(results: Dict, path: Path, tag: str, plot: Path) -> None:
+    """Replace the ``tag`` section of ``path`` (between its markers), or append one."""
+    begin, end = f"<!-- results:{tag} -->", f"<!-- /results:{tag} -->"
+    body = f"{begin}\n{render(results, plot, path.resolve().parent)}\n{end}"
+    text = path.read_text() if path.exists() else "# Benchmarks\n"
+    if begin in text and end in text:
+        head, rest = text.split(begin, 1)
+        text = head + body + rest.split(end, 1)[1]
+    else:
+        text = text.rstrip("\n") + f"\n\n## Results: {tag}\n\n{body}\n"
+    path.write_text(text)

@@ -1,0 +1,220 @@
+"""fconv vs convs2s, side by side, in one run: ``python -m benchmarks.run [--quick] [--device cuda]``.
+
+Both models have the same architecture and the same weights (stock fconv, then the converter), see the same
+inputs, and are timed alternately (warm-up first, medians of the repeats). Writes
+``benchmarks/results/<device>.json``, ``benchmarks/results/scaling_<device>.png`` and the tables in
+``BENCHMARKS.md`` (between that device's markers).
+"""
+
+import argparse
+import gc
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Dict, List
+
+import torch
+
+from . import measure
+from .pair import SIZES, build_pair, make_dictionary
+from .report import write_markdown, write_plot
+
+RESULTS = Path(__file__).resolve().parent / "results"
+IMPLS = ("fconv", "convs2s")
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    p.add_argument("--quick", action="store_true", help="a small grid (minutes) to check the harness")
+    p.add_argument("--sizes", default="iwslt,wmt_en_de", help=f"comma-separated, of {sorted(SIZES)}")
+    p.add_argument("--repeats", type=int, default=5, help="timed repeats per configuration (medians)")
+    p.add_argument("--src-len", type=int, default=25, help="source tokens per sentence; outputs are as long")
+    p.add_argument("--out", default=str(RESULTS), help="folder for the JSON and the plot")
+    p.add_argument("--markdown", default="BENCHMARKS.md", help="file whose tables are rewritten ('' for none)")
+    p.add_argument("--memory-worker", nargs=2, metavar=("IMPL", "SIZE"), help=argparse.SUPPRESS)
+    return p.parse_args(argv)
+
+
+def log(msg: str) -> None:
+    print(f"[bench {time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+def generation(size_name: str, args, device) -> List[Dict]:
+    """sentences/s and tokens/s for beam 1 and 5, batch 1, 16 and 128; hypotheses compared."""
+    size = SIZES[size_name]
+    dictionary = make_dictionary(size.vocab)
+    fconv, convs2s = (m.to(device).eval() for m in build_pair(size, dictionary, dropout=0.0))
+    models = {"fconv": fconv, "convs2s": convs2s}
+    rows = []
+    for beam in (1, 5):
+        for batch in (1, 16, 128):
+            sentences = max(batch, 4 if args.quick else 16)
+            samples = measure.source_batches(dictionary, sentences, args.src_len, batch, device)
+            runs = {
+                name: measure.generator_fn(m, dictionary, samples, beam, args.src_len) for name, m in models.items()
+            }
+            repeats = 1 if args.quick else (args.repeats if batch < 128 or size_name == "iwslt" else 3)
+            times = measure.alternate({n: r[0] for n, r in runs.items()}, repeats, warmup=1, device=device)
+            hyps = {n: r[1]["hyps"] for n, r in runs.items()}
+            tokens = sum(len(h) for h in hyps["convs2s"])
+            row = {"size": size_name, "beam": beam, "batch": batch, "sentences": sentences, "repeats": repeats}
+            for name in IMPLS:
+                t = measure.median(times[name])
+                row[name] = {"seconds": t, "sentences_per_s": sentences / t, "tokens_per_s": tokens / t}
+            row["speedup"] = row["convs2s"]["sentences_per_s"] / row["fconv"]["sentences_per_s"]
+            row["identical"] = sum(a == b for a, b in zip(hyps["fconv"], hyps["convs2s"]))
+            log(
+                f"generate {size_name} beam {beam} batch {batch}: fconv {row['fconv']['sentences_per_s']:.1f} "
+                f"convs2s {row['convs2s']['sentences_per_s']:.1f} sent/s = {row['speedup']:.2f}x, "
+                f"identical {row['identical']}/{sentences}"
+            )
+            rows.append(row)
+    return rows
+
+
+def training(size_name: str, args, device, peaks: Dict[str, float]) -> List[Dict]:
+    """words/s per update, fp32 and bf16, and FLOP/s as a fraction of the measured matmul peak."""
+    size = SIZES[size_name]
+    dictionary = make_dictionary(size.vocab)
+    sentences = 16 if args.quick else 64  # 64 x 26 target tokens, about fairseq's --max-tokens 4000 per side
+    sample = measure.train_sample(dictionary, sentences, args.src_len, device)
+    rows = []
+    for dtype_name, dtype in (("fp32", torch.float32), ("bf16", torch.bfloat16)):
+        row: Dict = {"size": size_name, "dtype": dtype_name, "target_tokens": sample["ntokens"]}
+        if dtype == torch.bfloat16 and peaks["bf16"] < 0.5 * peaks["fp32"]:
+            row["skipped"] = (
+                f"bf16 matmul runs at {peaks['bf16']:.1f} GFLOP/s here vs {peaks['fp32']:.0f} fp32 "
+                f"(cpu capability {torch.backends.cpu.get_cpu_capability()}): not accelerated on this machine"
+            )
+            log(f"train {size_name} bf16 skipped: {row['skipped']}")
+            rows.append(row)
+            continue
+        fconv, convs2s = (m.to(device) for m in build_pair(size, dictionary, dropout=0.2))
+        steps = {
+            n: measure.TrainStep(m, sample, dictionary.pad(), dtype)
+            for n, m in (("fconv", fconv), ("convs2s", convs2s))
+        }
+        repeats = 2 if args.quick else args.repeats
+        times = measure.alternate(steps, repeats, warmup=1, device=device)
+        for name in IMPLS:
+            t = measure.median(times[name])
+            flops = measure.count_flops(steps[name].forward_backward)
+            row[name] = {
+                "seconds_per_update": t,
+                "words_per_s": sample["ntokens"] / t,
+                "gflop_per_update": flops / 1e9,
+                "fraction_of_peak": flops / t / 1e9 / peaks[dtype_name],
+                "first_loss": steps[name].losses[0],
+            }
+        row["speedup"] = row["convs2s"]["words_per_s"] / row["fconv"]["words_per_s"]
+        log(
+            f"train {size_name} {dtype_name}: fconv {row['fconv']['words_per_s']:.0f} convs2s "
+            f"{row['convs2s']['words_per_s']:.0f} words/s = {row['speedup']:.2f}x; first loss "
+            f"{row['fconv']['first_loss']:.5f} vs {row['convs2s']['first_loss']:.5f}"
+        )
+        rows.append(row)
+        del fconv, convs2s, steps
+        gc.collect()
+    return rows
+
+
+def scaling(args, device) -> Dict[str, List[Dict]]:
+    """ms per sentence as the source grows (beam 5) and as the beam grows (25 tokens); iwslt size, batch 16."""
+    size = SIZES["iwslt"]
+    dictionary = make_dictionary(size.vocab)
+    fconv, convs2s = (m.to(device).eval() for m in build_pair(size, dictionary, dropout=0.0))
+    models = {"fconv": fconv, "convs2s": convs2s}
+    sentences, batch = (4, 4) if args.quick else (16, 16)
+    lengths = (10, 50, 200) if args.quick else (10, 25, 50, 100, 200)
+    beams = (1, 12) if args.quick else (1, 2, 4, 8, 12)
+    out: Dict[str, List[Dict]] = {"length": [], "beam": []}
+    for axis, points in (("length", lengths), ("beam", beams)):
+        for point in points:
+            length, beam = (point, 5) if axis == "length" else (args.src_len, point)
+            samples = measure.source_batches(dictionary, sentences, length, batch, device)
+            runs = {n: measure.generator_fn(m, dictionary, samples, beam, length)[0] for n, m in models.items()}
+            times = measure.alternate(runs, 1 if args.quick else 3, warmup=1, device=device)
+            row = {axis: point, **{n: 1e3 * measure.median(times[n]) / sentences for n in IMPLS}}
+            log(f"scaling {axis}={point}: fconv {row['fconv']:.1f} convs2s {row['convs2s']:.1f} ms/sentence")
+            out[axis].append(row)
+    return out
+
+
+def memory(args, device) -> List[Dict]:
+    """Peak RSS (and GPU memory) of each implementation alone in a fresh process."""
+    rows = []
+    for size_name in args.sizes.split(","):
+        for impl in IMPLS:
+            cmd = [sys.executable, "-m", "benchmarks.run", "--device", args.device, "--src-len", str(args.src_len)]
+            cmd += ["--memory-worker", impl, size_name] + (["--quick"] if args.quick else [])
+            proc = subprocess.run(cmd, capture_output=True, text=True, cwd=Path(__file__).resolve().parent.parent)
+            if proc.returncode != 0:
+                raise RuntimeError(f"memory worker failed:\n{proc.stderr[-3000:]}")
+            row = json.loads(proc.stdout.strip().splitlines()[-1])
+            log(f"memory {size_name} {impl}: {row}")
+            rows.append(row)
+    return rows
+
+
+def memory_worker(args, device) -> None:
+    impl, size_name = args.memory_worker
+    size = SIZES[size_name]
+    dictionary = make_dictionary(size.vocab)
+    models = dict(zip(IMPLS, build_pair(size, dictionary, dropout=0.0)))
+    model = models.pop(impl).to(device)
+    models.clear()
+    gc.collect()
+    batch = 16 if args.quick else 128
+    samples = measure.source_batches(dictionary, batch, args.src_len, batch, device)
+    run, _ = measure.generator_fn(model.eval(), dictionary, samples, 5, args.src_len)
+    row = {"size": size_name, "impl": impl, "idle_rss_mib": measure.PeakRSS.rss_mib()}
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    with measure.PeakRSS() as peak:
+        run()
+    row.update(generate_rss_mib=peak.peak_mib, generate_gpu_mib=measure.gpu_peak_mib(device))
+    step = measure.TrainStep(
+        model, measure.train_sample(dictionary, batch // 2, args.src_len, device), dictionary.pad()
+    )
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    with measure.PeakRSS() as peak:
+        step()
+    row.update(train_rss_mib=peak.peak_mib, train_gpu_mib=measure.gpu_peak_mib(device))
+    print(json.dumps(row))
+
+
+def main(argv=None) -> None:
+    args = parse_args(argv)
+    device = torch.device(args.device)
+    if args.memory_worker:
+        memory_worker(args, device)
+        return
+    started = time.time()
+    machine = measure.describe_machine(device)
+    peaks = {"fp32": measure.matmul_peak(torch.float32, device), "bf16": measure.matmul_peak(torch.bfloat16, device)}
+    machine["matmul_gflops"] = peaks
+    log(f"machine: {machine}")
+    results: Dict = {"machine": machine, "args": {k: v for k, v in vars(args).items() if k != "memory_worker"}}
+    results["generation"] = [row for s in args.sizes.split(",") for row in generation(s, args, device)]
+    results["training"] = [row for s in args.sizes.split(",") for row in training(s, args, device, peaks)]
+    results["scaling"] = scaling(args, device)
+    results["memory"] = memory(args, device)
+    results["wall_s"] = time.time() - started
+
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    tag = args.device + ("_quick" if args.quick else "")
+    (out / f"{tag}.json").write_text(json.dumps(results, indent=1) + "\n")
+    plot = write_plot(results, out / f"scaling_{tag}.png")
+    log(f"wrote {out / f'{tag}.json'} and {plot}")
+    if args.markdown:
+        write_markdown(results, Path(args.markdown), tag, plot)
+        log(f"updated {args.markdown} ({tag} section)")
+
+
+if __name__ == "__main__":
+    main()
