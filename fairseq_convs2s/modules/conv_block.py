@@ -50,9 +50,11 @@ class ConvBlock(nn.Module):
         """x: B x T x in -> B x T x out: dropout, padded convolution, GLU (full sequence)."""
         x = self.dropout_module(x)
         x = x.transpose(0, 1)  # B x T x C -> T x B x C, conv_tbc's layout
-        if self.kernel_size > 1:
-            x = F.pad(x, (0, 0, 0, 0, self.padding[0], self.padding[1]))  # pad the time dim
-        x = self.conv(x)  # T x B x 2*out
+        left, right = self.padding
+        if left == right:
+            x = self.conv(x, padding=left)  # T x B x 2*out; conv_tbc pads without a copy
+        else:
+            x = self.conv(F.pad(x, (0, 0, 0, 0, left, right)))  # pad the time dim: causal, or an even kernel
         return F.glu(x, dim=2).transpose(0, 1)  # T x B x out -> B x T x out
 
     def glu_conv_step(self, x: Tensor, window: Optional[Tensor]) -> Tuple[Tensor, Optional[Tensor]]:

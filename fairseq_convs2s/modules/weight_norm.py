@@ -30,8 +30,9 @@ def start_inference_pass() -> None:
 class _WeightNorm(nn.Module):
     """Holds ``weight_v``/``weight_g`` and derives ``weight``; subclasses say over which dims the norm runs."""
 
-    # dims of weight_v that the norm reduces over (all but the output-channel dim)
+    # dims of weight_v that the norm reduces over, and the one it keeps (the output channels)
     norm_dims: Tuple[int, ...] = ()
+    output_dim: int = 0
 
     def _init_weight_norm(self, v: Tensor) -> None:
         self.weight_v = nn.Parameter(v)
@@ -56,7 +57,9 @@ class _WeightNorm(nn.Module):
         return hit[1]
 
     def _fold(self) -> Tensor:
-        return self.weight_v * (self.weight_g / self._norm(self.weight_v))
+        # g * v / ||v||, in torch's fused kernel (the one torch.nn.utils.weight_norm and so fconv use): one pass
+        # forward and backward instead of a norm, a division and two products
+        return torch._weight_norm(self.weight_v, self.weight_g, self.output_dim)
 
     @property
     def weight(self) -> Tensor:
@@ -67,6 +70,7 @@ class WeightNormLinear(_WeightNorm):
     """``y = x W^T + b`` with a weight-normalized ``W`` (out x in); the norm is per output unit."""
 
     norm_dims = (1,)
+    output_dim = 0
 
     def __init__(self, in_features: int, out_features: int, std: float):
         super().__init__()
@@ -76,7 +80,17 @@ class WeightNormLinear(_WeightNorm):
         self.bias = nn.Parameter(torch.zeros(out_features))
 
     def forward(self, x: Tensor) -> Tensor:
-        return F.linear(x, self.weight, self.bias)
+        """x: ... x in -> ... x out."""
+        if torch.is_grad_enabled():
+            return F.linear(x, self.weight, self.bias)
+        # inference: x @ W^T with W^T folded once per pass into an in x out matrix. For the few rows of a
+        # beam-search step the product is bound by reading the weight, and MKL reads W^T faster than W
+        # (the vocabulary projection of a 5-hypothesis step: about 25% faster here).
+        out = torch.addmm(self.bias, x.reshape(-1, self.in_features), self._derived("transposed", self._fold_t))
+        return out.view(*x.shape[:-1], self.out_features)
+
+    def _fold_t(self) -> Tensor:
+        return self._fold().t().contiguous()
 
     def extra_repr(self) -> str:
         return f"{self.in_features}, {self.out_features}"
@@ -90,6 +104,7 @@ class WeightNormConvTBC(_WeightNorm):
     """
 
     norm_dims = (0, 1)
+    output_dim = 2
 
     def __init__(self, in_channels: int, out_channels: int, kernel_size: int, std: float):
         super().__init__()
@@ -99,9 +114,9 @@ class WeightNormConvTBC(_WeightNorm):
         self._init_weight_norm(torch.randn(kernel_size, in_channels, out_channels) * std)
         self.bias = nn.Parameter(torch.zeros(out_channels))
 
-    def forward(self, x: Tensor) -> Tensor:
-        # x: T x B x in (already padded) -> T - k + 1 x B x out
-        return torch.conv_tbc(x.contiguous(), self.weight, self.bias, 0)
+    def forward(self, x: Tensor, padding: int = 0) -> Tensor:
+        # x: T x B x in -> T + 2 * padding - k + 1 x B x out; conv_tbc pads both sides without copying the input
+        return torch.conv_tbc(x.contiguous(), self.weight, self.bias, padding)
 
     def linearized_weight(self) -> Tensor:
         """The kernel as one matrix, out x (k * in), for applying the conv to a cached window of k inputs."""
