@@ -38,7 +38,7 @@ _RENAMES = [
 _KEPT = re.compile(r"^(encoder|decoder)\.(embed_tokens|embed_positions)\.weight$|^decoder\.version$")
 
 
-class ConversionError(Exception):
+class ConversionError(ValueError):
     """The input is not a convertible fconv checkpoint; the message says why."""
 
 
@@ -96,12 +96,20 @@ def _model_args(checkpoint: dict) -> Tuple[Namespace, str]:
     raise ConversionError("the checkpoint has neither 'cfg' nor 'args': not a fairseq checkpoint")
 
 
-def convert_checkpoint(checkpoint: dict) -> dict:
-    """Convert a loaded fairseq checkpoint dict (fconv) into a convs2s checkpoint dict, checked by loading it."""
+def checkpoint_arch(checkpoint: dict) -> str:
+    """The ``--arch`` a loaded fairseq checkpoint was trained with (``cfg.model`` or, before fairseq 0.10, ``args``)."""
     if not isinstance(checkpoint, dict) or "model" not in checkpoint:
         raise ConversionError("not a fairseq checkpoint: no 'model' entry")
+    model_args, _ = _model_args(checkpoint)
+    if isinstance(model_args, dict):  # dataclass models store their config as a plain dict
+        return model_args.get("arch") or model_args.get("_name")
+    return getattr(model_args, "arch", None) or getattr(model_args, "_name", None)
+
+
+def convert_checkpoint(checkpoint: dict) -> dict:
+    """Convert a loaded fairseq checkpoint dict (fconv) into a convs2s checkpoint dict, checked by loading it."""
+    arch = checkpoint_arch(checkpoint)
     model_args, where = _model_args(checkpoint)
-    arch = getattr(model_args, "arch", None) or getattr(model_args, "_name", None)
     if arch not in FCONV_ARCHS:
         raise ConversionError(f"not an fconv translation model: its arch is {arch!r} (expected one of {FCONV_ARCHS})")
     state = convert_state_dict(checkpoint["model"])
@@ -144,28 +152,47 @@ def _check_loads(args: Namespace, state: Dict[str, Tensor]) -> None:
         raise ConversionError(f"the converted weights do not fit the model they describe: {e}") from None
 
 
-def convert_file(in_path: str, out_path: str) -> None:
-    """Read ``in_path``, convert, write ``out_path`` atomically (a temporary file renamed when complete).
+def read_checkpoint(path: str, mmap: bool = False) -> dict:
+    """``torch.load`` a checkpoint onto the CPU; a missing, truncated or non-torch file is a ConversionError.
 
-    Importing this module ran the package's ``__init__``, which allow-lists fairseq's checkpoint classes.
+    With ``mmap`` the tensors of a zip-format file are mapped, not read, which makes looking at the ``cfg`` of a
+    large checkpoint cheap; files in torch's legacy format (before torch 1.6) are read in full. Importing this
+    module ran the package's ``__init__``, which allow-lists fairseq's checkpoint classes.
     """
     try:
-        checkpoint = torch.load(in_path, map_location="cpu")
+        if mmap:
+            try:
+                return torch.load(path, map_location="cpu", mmap=True)
+            except RuntimeError as e:
+                if "mmap" not in str(e):  # only the legacy format's refusal falls through to a full read
+                    raise
+        return torch.load(path, map_location="cpu")
     except FileNotFoundError:
-        raise ConversionError(f"{in_path}: no such file") from None
+        raise ConversionError(f"{path}: no such file") from None
     except Exception as e:  # truncated or not a torch file
-        raise ConversionError(f"{in_path}: cannot be read as a torch checkpoint ({type(e).__name__}: {e})") from None
-    converted = convert_checkpoint(checkpoint)
+        raise ConversionError(f"{path}: cannot be read as a torch checkpoint ({type(e).__name__}: {e})") from None
+
+
+def save_atomically(checkpoint: dict, out_path: str) -> None:
+    """``torch.save`` to a temporary file beside ``out_path``, renamed over it only once complete.
+
+    A reader never sees a half-written file, and a failure (full disk, interrupt) leaves no file behind.
+    """
     out_dir = os.path.dirname(os.path.abspath(out_path))
     fd, tmp = tempfile.mkstemp(dir=out_dir, prefix=".convert_fconv.", suffix=".pt")
     os.close(fd)
     try:
-        torch.save(converted, tmp)
+        torch.save(checkpoint, tmp)
         os.replace(tmp, out_path)
     except BaseException:
         if os.path.exists(tmp):
             os.remove(tmp)
         raise
+
+
+def convert_file(in_path: str, out_path: str) -> None:
+    """Read ``in_path``, convert, write ``out_path`` atomically (a temporary file renamed when complete)."""
+    save_atomically(convert_checkpoint(read_checkpoint(in_path)), out_path)
 
 
 def main(argv=None) -> int:

@@ -7,53 +7,12 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from fairseq.models.fconv import FConvModel
-from fairseq.models.fconv import base_architecture as fconv_base_architecture
 from fairseq.sequence_generator import SequenceGenerator
+from fconv_helpers import fairseq_checkpoint, train_fconv
 from utils import full_log_probs, make_dictionary, random_batch
 
 from fairseq_convs2s.convert_fconv import ConversionError, convert_checkpoint, convert_file
 from fairseq_convs2s.models.convs2s import ConvS2SModel
-
-# mixed widths (residual projections), a lookback-2 residual, an even and a kernel-1 block, attention on 3 of 4
-ENCODER = "[(16, 3)] * 2 + [(24, 3, 2)] + [(32, 1)]"
-DECODER = "[(16, 3)] * 2 + [(24, 2)] + [(32, 1)]"
-ATTENTION = "[True, False, True, True]"
-
-
-def train_fconv(dictionary, share=False, steps=5):
-    """A tiny stock-fairseq fconv model after a few NAG steps (so g != ||v|| and biases are non-zero)."""
-    from fairseq.optim.nag import FairseqNAG
-
-    torch.manual_seed(0)
-    args = argparse.Namespace(
-        arch="fconv_iwslt_de_en", encoder_layers=ENCODER, decoder_layers=DECODER, decoder_attention=ATTENTION,
-        encoder_embed_dim=12, decoder_embed_dim=12, decoder_out_embed_dim=12 if share else 10, dropout=0.1,
-        max_source_positions=40, max_target_positions=50, share_input_output_embed=share,
-    )  # fmt: skip
-    fconv_base_architecture(args)
-    task = SimpleNamespace(source_dictionary=dictionary, target_dictionary=dictionary)
-    model = FConvModel.build_model(args, task)
-    optimizer = FairseqNAG(SimpleNamespace(lr=[0.5], momentum=0.9, weight_decay=0.0), list(model.parameters()))
-    for step in range(steps):
-        src = random_batch(dictionary, [7, 4, 9], seed=step)
-        tgt = random_batch(dictionary, [6, 8, 3], seed=100 + step, left_pad=False)
-        optimizer.zero_grad()
-        logits, _ = model(src, None, tgt)
-        torch.nn.functional.cross_entropy(logits.transpose(1, 2), tgt, ignore_index=dictionary.pad()).backward()
-        optimizer.step()
-    return model.eval(), args
-
-
-def fairseq_checkpoint(model, args):
-    """The dict fairseq 0.12 saves: cfg with the model's Namespace, the state dict, optimizer history."""
-    return {
-        "cfg": {"model": args, "task": {"_name": "translation"}},
-        "model": model.state_dict(),
-        "optimizer_history": [{"criterion_name": "x", "optimizer_name": "FairseqNAG", "num_updates": 5}],
-        "last_optimizer_state": {"state": {}},
-        "extra_state": {},
-    }
 
 
 def load_converted(converted, dictionary):

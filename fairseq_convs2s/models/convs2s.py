@@ -1,6 +1,8 @@
 """The ``convs2s`` model: registration with fairseq, the command-line flags, building from a config."""
 
+import hashlib
 import logging
+import os
 from argparse import Namespace
 
 from fairseq import utils
@@ -34,6 +36,36 @@ class ConvS2SModel(FairseqEncoderDecoderModel):
     """
 
     @classmethod
+    def hub_models(cls):
+        """The published fconv models (fairseq's ``FConvModel.hub_models``), by the same names.
+
+        They are fconv checkpoints: ``from_pretrained`` downloads and unpacks one (fairseq's cache), converts its
+        ``model.pt`` once into ``model.convs2s.pt`` beside it and loads that. They expect Moses tokenization and
+        subword-nmt BPE: ``pip install sacremoses subword-nmt``.
+        """
+
+        def moses_subword(path):
+            return {"path": path, "tokenizer": "moses", "bpe": "subword_nmt"}
+
+        url = "https://dl.fbaipublicfiles.com/fairseq/models/"
+        return {
+            "conv.wmt14.en-fr": moses_subword(url + "wmt14.v2.en-fr.fconv-py.tar.bz2"),
+            "conv.wmt14.en-de": moses_subword(url + "wmt14.en-de.fconv-py.tar.bz2"),
+            "conv.wmt17.en-de": moses_subword(url + "wmt17.v2.en-de.fconv-py.tar.bz2"),
+        }
+
+    @classmethod
+    def from_pretrained(cls, model_name_or_path, checkpoint_file="model.pt", data_name_or_path=".", **kwargs):
+        """fairseq's hub interface (``.translate(...)``) for a model directory, archive URL or ``hub_models`` name.
+
+        As ``FairseqModel.from_pretrained``, except that an fconv checkpoint is converted on first load (to
+        ``<name>.convs2s.pt`` beside it, reused afterwards); see ``fairseq_convs2s.hub``.
+        """
+        from ..hub import from_pretrained
+
+        return from_pretrained(cls, model_name_or_path, checkpoint_file, data_name_or_path, **kwargs)
+
+    @classmethod
     def add_args(cls, parser):
         # no defaults here, so that the --arch preset functions can fill in what the user did not give
         gen_parser_from_dataclass(parser, ConvS2SConfig(), delete_default=True, with_prefix="")
@@ -47,6 +79,7 @@ class ConvS2SModel(FairseqEncoderDecoderModel):
         from .presets import base_architecture
 
         base_architecture(args)  # fill anything an older checkpoint or a bare --arch convs2s left out
+        _check_dictionaries(args, task)
         cfg = ConvS2SConfig.from_namespace(args)
         encoder_layers = parse_layer_spec(cfg.encoder_layers, "--encoder-layers")
         decoder_layers = parse_layer_spec(cfg.decoder_layers, "--decoder-layers")
@@ -83,7 +116,75 @@ class ConvS2SModel(FairseqEncoderDecoderModel):
             attention_scaling=scaling,
             embed_dict=tgt_embed,
         )
-        return cls(encoder, decoder)
+        model = cls(encoder, decoder)
+        model.dictionary_labels = {side: _dictionary_label(task, side) for side in ("source", "target")}
+        return model
+
+    def load_state_dict(self, state_dict, strict=True, model_cfg=None, args=None):
+        """fairseq's loader, after checking that the checkpoint's vocabularies have the sizes of this model's
+        dictionaries (torch would otherwise stop with a bare ``size mismatch for encoder.embed_tokens.weight``)."""
+        for side, name, module in (("source", "encoder", self.encoder), ("target", "decoder", self.decoder)):
+            weight = state_dict.get(f"{name}.embed_tokens.weight")  # rows: the training dictionary's size
+            rows = module.embed_tokens.num_embeddings
+            if weight is not None and weight.size(0) != rows:
+                label = getattr(self, "dictionary_labels", {}).get(side, f"{side} dictionary")
+                raise ValueError(
+                    f"dictionary mismatch: the checkpoint's {side} dictionary has {weight.size(0)} entries, "
+                    f"the data's {label} has {rows}: {_USE_THE_TRAINING_DICTIONARY}"
+                )
+        return super().load_state_dict(state_dict, strict=strict, model_cfg=model_cfg, args=args)
+
+
+_USE_THE_TRAINING_DICTIONARY = (
+    "use the dictionary the model was trained with (fairseq-preprocess --srcdict/--tgtdict with the training "
+    "data's dict files, or the checkpoint's own data dir)"
+)
+
+
+def _dictionary_fingerprint(dictionary) -> str:
+    """``"<entries>:<sha1 of the symbols in order>"``: two dictionaries agree on every token id iff these match."""
+    digest = hashlib.sha1("\n".join(dictionary.symbols).encode("utf-8")).hexdigest()[:16]
+    return f"{len(dictionary)}:{digest}"
+
+
+def _dictionary_label(task, side: str) -> str:
+    """How the user knows the task's dictionary: ``dict.de.txt in data-bin`` for the translation task."""
+    cfg = getattr(task, "cfg", None)
+    lang = getattr(cfg, f"{side}_lang", None)
+    data = getattr(cfg, "data", None)
+    label = f"dict.{lang}.txt" if lang else f"{side} dictionary"
+    return f"{label} in {str(data).split(os.pathsep)[0]}" if data else label
+
+
+def _check_dictionaries(args: Namespace, task) -> None:
+    """Record the dictionaries a model is built with in its args (which fairseq saves in every checkpoint), and
+    refuse to build a model from a checkpoint's args against different ones.
+
+    The embedding sizes catch a dictionary of another size (``load_state_dict``), but a dictionary of the same
+    size with other words or another order (fairseq pads sizes to a multiple of 8, so this is common) loads
+    silently and translates into garbage; the fingerprint catches that too. Checkpoints written before this
+    check, or converted from fconv, carry no fingerprint and get only the size check.
+    """
+    for side in ("source", "target"):
+        dictionary = getattr(task, f"{side}_dictionary")
+        current = _dictionary_fingerprint(dictionary)
+        recorded = getattr(args, f"{side}_dictionary_fingerprint", None)
+        if recorded is None:
+            setattr(args, f"{side}_dictionary_fingerprint", current)
+            continue
+        if recorded == current:
+            continue
+        trained_size = int(recorded.split(":")[0])
+        label = _dictionary_label(task, side)
+        if trained_size != len(dictionary):
+            problem = f"the checkpoint's {side} dictionary has {trained_size} entries, the data's {label} has "
+            problem += str(len(dictionary))
+        else:
+            problem = (
+                f"the data's {label} has the {trained_size} entries of the checkpoint's {side} dictionary but not "
+                "the same words in the same order"
+            )
+        raise ValueError(f"dictionary mismatch: {problem}: {_USE_THE_TRAINING_DICTIONARY}")
 
 
 def _argparse_type(parse, flag):

@@ -1,0 +1,99 @@
+"""``ConvS2SModel.from_pretrained``: fairseq's hub interface, with fconv checkpoints converted on first load.
+
+fairseq's own ``from_pretrained`` (``fairseq.hub_utils``) resolves a ``hub_models`` name to its archive URL,
+downloads and unpacks it into its cache, and loads ``model.pt`` with whatever model the checkpoint names. The
+published ConvS2S models are fconv checkpoints, so here each checkpoint file is looked at first: an fconv one is
+converted (``convert_fconv``) to ``<name>.convs2s.pt`` beside it, written atomically, and that file is loaded; the
+next load finds the converted file and does not read the original again. A convs2s checkpoint loads as it is.
+"""
+
+import logging
+import os
+from typing import Dict, Tuple
+
+from fairseq import file_utils, hub_utils
+from fairseq.models import ARCH_MODEL_REGISTRY
+
+from .convert_fconv import (
+    FCONV_ARCHS,
+    ConversionError,
+    checkpoint_arch,
+    convert_checkpoint,
+    read_checkpoint,
+    save_atomically,
+)
+from .models.convs2s import ConvS2SModel
+
+logger = logging.getLogger(__name__)
+
+CONVERTED_SUFFIX = ".convs2s.pt"
+
+
+def converted_path(checkpoint_path: str) -> str:
+    """Where the conversion of an fconv checkpoint is kept: ``model.pt`` -> ``model.convs2s.pt``."""
+    root, _ = os.path.splitext(checkpoint_path)
+    return root + CONVERTED_SUFFIX
+
+
+def prepare_checkpoint(path: str) -> str:
+    """The file to load for the checkpoint at ``path``: ``path`` itself if it is a convs2s checkpoint; for an fconv
+    one its conversion, written now unless an up-to-date one is already there (newer than ``path``, or ``path``
+    gone). Anything else raises a ``ValueError`` (a ``ConversionError``) that says what the file is."""
+    target = converted_path(path)
+    if os.path.exists(target) and (not os.path.exists(path) or os.path.getmtime(target) >= os.path.getmtime(path)):
+        logger.info(f"loading {target}, converted earlier from the fconv checkpoint {path}")
+        return target
+    checkpoint = read_checkpoint(path, mmap=True)  # cheap: only cfg is looked at unless it needs converting
+    arch = checkpoint_arch(checkpoint)
+    if arch in FCONV_ARCHS:
+        logger.info(f"{path} is an fconv checkpoint ({arch}): converting it once to {target}")
+        converted = convert_checkpoint(checkpoint)
+        try:
+            save_atomically(converted, target)
+        except OSError as e:
+            raise ConversionError(
+                f"cannot write the converted checkpoint {target} ({e}); convert it where you can write with "
+                f"`python -m fairseq_convs2s.convert_fconv {path} OUT.pt` and load OUT.pt"
+            ) from None
+        return target
+    if ARCH_MODEL_REGISTRY.get(arch) is not ConvS2SModel:
+        raise ConversionError(f"{path}: a checkpoint of arch {arch!r}, neither convs2s nor fconv")
+    return path
+
+
+def _resolve_name(archive_map: Dict, name_or_path: str, kwargs: Dict) -> Tuple[str, str]:
+    """A ``hub_models`` name -> its archive URL, with its tokenizer/bpe settings put into ``kwargs`` unless given
+    (as ``hub_utils.from_pretrained`` does); a path or URL stays as it is. Returns (path, checkpoint_file or '')."""
+    entry = archive_map.get(name_or_path, name_or_path)
+    if not isinstance(entry, dict):
+        return entry, ""
+    for key, value in entry.items():
+        if key not in ("path", "checkpoint_file"):
+            kwargs.setdefault(key, value)
+    return entry["path"], entry.get("checkpoint_file", "")
+
+
+def from_pretrained(model_class, model_name_or_path, checkpoint_file="model.pt", data_name_or_path=".", **kwargs):
+    """fairseq's ``GeneratorHubInterface`` for ``model_name_or_path`` (a ``hub_models`` name, an archive URL or a
+    local directory), converting fconv checkpoints on first load; the arguments are ``from_pretrained``'s."""
+    archive_map = model_class.hub_models()
+    path, archive_checkpoint = _resolve_name(archive_map, model_name_or_path, kwargs)
+    checkpoint_file = archive_checkpoint or checkpoint_file
+    if isinstance(archive_map.get(data_name_or_path), dict):
+        data_name_or_path = archive_map[data_name_or_path]["path"]
+
+    try:
+        model_dir = file_utils.load_archive_file(path)  # downloads and unpacks a URL once; a local dir stays as is
+    except ImportError as e:  # fairseq imports its download client (requests, or boto3 for s3) only when needed
+        raise ImportError(f"downloading {path} needs the {e.name} package: pip install {e.name}") from e
+    if (model_dir is None or not os.path.isdir(model_dir)) and "://" in path:
+        raise FileNotFoundError(f"could not download or unpack {path} (fairseq's log above says why)")
+    if model_dir is None or not os.path.isdir(model_dir):
+        raise FileNotFoundError(
+            f"{model_name_or_path!r} is neither a model directory nor a known name ({', '.join(sorted(archive_map))})"
+        )
+    files = [prepare_checkpoint(os.path.join(model_dir, name)) for name in checkpoint_file.split(os.pathsep)]
+    checkpoint_file = os.pathsep.join(os.path.relpath(f, model_dir) for f in files)
+
+    loaded = hub_utils.from_pretrained(model_dir, checkpoint_file, data_name_or_path, archive_map=None, **kwargs)
+    return hub_utils.GeneratorHubInterface(loaded["args"], loaded["task"], loaded["models"])
