@@ -259,3 +259,68 @@ class PeakRSS:
 
 def gpu_peak_mib(device: torch.device) -> Optional[float]:
     return torch.cuda.max_memory_allocated(device) / 2**20 if device.type == "cuda" else None
+
+
+# ---- what bounds the speed-up ------------------------------------------------------------------------------
+
+
+class Stopwatch:
+    """Accumulates the wall time spent in chosen modules' ``forward`` (fairseq's generator calls the encoder's
+    and decoder's ``forward`` directly, past any hooks, so the instance's ``forward`` is wrapped instead)."""
+
+    def __init__(self, modules: Dict[str, torch.nn.Module], device: torch.device):
+        self.total = {name: 0.0 for name in modules}
+        self.device = device
+        self._modules = list(modules.values())
+        for name, module in modules.items():
+            module.forward = self._timed(name, module.forward)
+
+    def _timed(self, name: str, forward: Callable) -> Callable:
+        def timed(*args, **kwargs):
+            sync(self.device)
+            start = time.perf_counter()
+            out = forward(*args, **kwargs)
+            sync(self.device)
+            self.total[name] += time.perf_counter() - start
+            return out
+
+        return timed
+
+    def remove(self):
+        for module in self._modules:
+            del module.forward  # the class's forward again
+
+
+def generation_split(model, vocab_projection: torch.nn.Module, run: Callable[[], object], device) -> Dict[str, float]:
+    """Seconds of one generation run spent in the encoder, in the decoder's vocabulary projection, in the rest
+    of the decoder, and outside the model (fairseq's beam search: log-softmax, top-k, bookkeeping)."""
+    watch = Stopwatch({"encoder": model.encoder, "decoder": model.decoder, "vocab": vocab_projection}, device)
+    start = time.perf_counter()
+    run()
+    total = time.perf_counter() - start
+    watch.remove()
+    t = watch.total
+    return {
+        "total": total,
+        "encoder": t["encoder"],
+        "vocab_projection": t["vocab"],
+        "decoder_body": t["decoder"] - t["vocab"],
+        "beam_search": total - t["encoder"] - t["decoder"],
+    }
+
+
+def vocabulary_step_seconds(sample, out_embed_dim: int, vocab: int, pad: int, repeats: int, device) -> float:
+    """Median seconds of the part of a training update that does not depend on the model body: dropout, the
+    vocabulary projection, log-softmax and label-smoothed NLL, forward and backward, on features of the
+    decoder output's shape. Any implementation pays it; it bounds the training speed-up."""
+    target = sample["target"]
+    features = torch.randn(*target.shape, out_embed_dim, device=device, requires_grad=True)  # B x T x out_embed
+    projection = torch.nn.Linear(out_embed_dim, vocab).to(device)
+
+    def step():
+        x = torch.nn.functional.dropout(features, 0.2, training=True)
+        lprobs = torch.log_softmax(projection(x).float(), dim=-1)  # B x T x V
+        loss, _ = label_smoothed_nll_loss(lprobs.view(-1, vocab), target.view(-1, 1), 0.1, ignore_index=pad)
+        loss.backward()
+
+    return median(alternate({"vocab": step}, repeats, warmup=1, device=device)["vocab"])

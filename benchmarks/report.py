@@ -37,6 +37,45 @@ def _table(header: List[str], rows: List[List[str]]) -> str:
     return "\n".join(lines)
 
 
+def _limits(limits) -> List[str]:
+    if not limits:
+        return []
+    parts = [
+        "**Where the time goes** (iwslt size, beam 5; seconds of one run; 'bound' is the speed-up convs2s "
+        "would reach were its decoder body free, since the vocabulary projection and fairseq's beam search cost "
+        "the same for any implementation):",
+        "",
+    ]
+    rows = []
+    for r in limits["generation"]:
+        for impl in ("fconv", "convs2s"):
+            t = r[impl]
+            rows.append(
+                [
+                    str(r["batch"]),
+                    impl,
+                    f"{t['total']:.2f}",
+                    f"{t['encoder']:.2f}",
+                    f"{t['decoder_body']:.2f}",
+                    f"{t['vocab_projection']:.2f}",
+                    f"{t['beam_search']:.2f}",
+                    f"{r['bound']:.2f}x" if impl == "convs2s" else "",
+                ]
+            )
+    header = ["batch", "model", "total", "encoder", "decoder body", "vocab projection", "beam search", "bound"]
+    parts += [_table(header, rows), ""]
+    for r in limits["training"]:
+        parts += [
+            f"Training (iwslt, fp32): the vocabulary projection, log-softmax and loss alone take "
+            f"{1e3 * r['vocabulary_s']:.0f} ms per update, and the body's FLOPs at the matmul peak "
+            f"{1e3 * r['body_at_peak_s']:.0f} ms; fconv takes {1e3 * r['fconv_s']:.0f} ms and convs2s "
+            f"{1e3 * r['convs2s_s']:.0f} ms, so no implementation of the body can beat fconv by more than "
+            f"**{r['bound']:.2f}x** at equal arithmetic.",
+            "",
+        ]
+    return parts
+
+
 def render(results: Dict, plot: Path, markdown_dir: Path) -> str:
     m = results["machine"]
     peaks = m["matmul_gflops"]
@@ -83,7 +122,9 @@ def render(results: Dict, plot: Path, markdown_dir: Path) -> str:
             ]
         )
     header = ["size", "dtype", "fconv words/s", "convs2s words/s", "speed-up", "FLOP/s of peak (fconv / convs2s)", ""]
-    parts += [_table(header, rows), "", "**Peak memory** (each model alone in a fresh process):", ""]
+    parts += [_table(header, rows), ""]
+    parts += _limits(results.get("limits"))
+    parts += ["**Peak memory** (each model alone in a fresh process):", ""]
     rows = []
     for r in results["memory"]:
         gpu = f" / {r['generate_gpu_mib']:.0f} / {r['train_gpu_mib']:.0f} GPU" if r.get("generate_gpu_mib") else ""

@@ -32,6 +32,7 @@ def parse_args(argv=None):
     p.add_argument("--sizes", default="iwslt,wmt_en_de", help=f"comma-separated, of {sorted(SIZES)}")
     p.add_argument("--repeats", type=int, default=5, help="timed repeats per configuration (medians)")
     p.add_argument("--src-len", type=int, default=25, help="source tokens per sentence; outputs are as long")
+    p.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     p.add_argument("--out", default=str(RESULTS), help="folder for the JSON and the plot")
     p.add_argument("--markdown", default="BENCHMARKS.md", help="file whose tables are rewritten ('' for none)")
     p.add_argument("--memory-worker", nargs=2, metavar=("IMPL", "SIZE"), help=argparse.SUPPRESS)
@@ -121,6 +122,48 @@ def training(size_name: str, args, device, peaks: Dict[str, float]) -> List[Dict
     return rows
 
 
+def limits(args, device, training_rows: List[Dict], peaks: Dict[str, float]) -> Dict[str, List[Dict]]:
+    """Where the time goes, and the best speed-up any implementation of the model body could reach.
+
+    Generation: the time of each model's beam-5 run split into encoder, decoder body, vocabulary projection and
+    fairseq's beam search; were the convs2s body free, the speed-up would be fconv's total over the rest.
+    Training: an update costs at least the vocabulary part (measured alone) plus the body's FLOPs at the matmul
+    peak; fconv's update time over that is the bound.
+    """
+    size = SIZES["iwslt"]
+    dictionary = make_dictionary(size.vocab)
+    fconv, convs2s = (m.to(device).eval() for m in build_pair(size, dictionary, dropout=0.0))
+    projections = {"fconv": fconv.decoder.fc3, "convs2s": convs2s.decoder.output_projection}
+    out: Dict[str, List[Dict]] = {"generation": [], "training": []}
+    for batch in (1, 128):
+        sentences = max(batch, 4 if args.quick else 16)
+        samples = measure.source_batches(dictionary, sentences, args.src_len, batch, device)
+        row: Dict = {"size": "iwslt", "beam": 5, "batch": batch}
+        for name, model in (("fconv", fconv), ("convs2s", convs2s)):
+            run, _ = measure.generator_fn(model, dictionary, samples, 5, args.src_len)
+            run()  # warm-up
+            row[name] = measure.generation_split(model, projections[name], run, device)
+        c = row["convs2s"]
+        row["bound"] = row["fconv"]["total"] / (c["vocab_projection"] + c["beam_search"] + c["encoder"])
+        log(f"limits generate batch {batch}: {row}")
+        out["generation"].append(row)
+    sentences = 16 if args.quick else 64
+    sample = measure.train_sample(dictionary, sentences, args.src_len, device)
+    vocab_s = measure.vocabulary_step_seconds(sample, size.out_embed_dim, size.vocab, dictionary.pad(), 3, device)
+    for r in training_rows:
+        if r["size"] != "iwslt" or r["dtype"] != "fp32" or "skipped" in r:
+            continue
+        vocab_flops = 6 * sample["ntokens"] * size.out_embed_dim * size.vocab  # forward + two backward products
+        body_s = max(0.0, r["convs2s"]["gflop_per_update"] * 1e9 - vocab_flops) / (peaks["fp32"] * 1e9)
+        row = {"size": "iwslt", "vocabulary_s": vocab_s, "body_at_peak_s": body_s}
+        row["fconv_s"] = r["fconv"]["seconds_per_update"]
+        row["convs2s_s"] = r["convs2s"]["seconds_per_update"]
+        row["bound"] = row["fconv_s"] / (vocab_s + body_s)
+        log(f"limits train: {row}")
+        out["training"].append(row)
+    return out
+
+
 def scaling(args, device) -> Dict[str, List[Dict]]:
     """ms per sentence as the source grows (beam 5) and as the beam grows (25 tokens); iwslt size, batch 16."""
     size = SIZES["iwslt"]
@@ -149,7 +192,8 @@ def memory(args, device) -> List[Dict]:
     for size_name in args.sizes.split(","):
         for impl in IMPLS:
             cmd = [sys.executable, "-m", "benchmarks.run", "--device", args.device, "--src-len", str(args.src_len)]
-            cmd += ["--memory-worker", impl, size_name] + (["--quick"] if args.quick else [])
+            cmd += ["--memory-worker", impl, size_name, "--threads", str(torch.get_num_threads())]
+            cmd += ["--quick"] if args.quick else []
             proc = subprocess.run(cmd, capture_output=True, text=True, cwd=Path(__file__).resolve().parent.parent)
             if proc.returncode != 0:
                 raise RuntimeError(f"memory worker failed:\n{proc.stderr[-3000:]}")
@@ -190,6 +234,8 @@ def memory_worker(args, device) -> None:
 def main(argv=None) -> None:
     args = parse_args(argv)
     device = torch.device(args.device)
+    if args.threads:
+        torch.set_num_threads(args.threads)
     if args.memory_worker:
         memory_worker(args, device)
         return
@@ -201,6 +247,7 @@ def main(argv=None) -> None:
     results: Dict = {"machine": machine, "args": {k: v for k, v in vars(args).items() if k != "memory_worker"}}
     results["generation"] = [row for s in args.sizes.split(",") for row in generation(s, args, device)]
     results["training"] = [row for s in args.sizes.split(",") for row in training(s, args, device, peaks)]
+    results["limits"] = limits(args, device, results["training"], peaks)
     results["scaling"] = scaling(args, device)
     results["memory"] = memory(args, device)
     results["wall_s"] = time.time() - started

@@ -1,0 +1,93 @@
+"""What each speed-up buys: convs2s with one optimization turned off at a time, against itself.
+
+``python -m benchmarks.ablations [--threads N]`` times beam-5 generation (batch 1 and 16) and a training update
+of the convs2s_iwslt_de_en size with, in turn:
+- ``no-fold-cache``: weight norm re-derived on every call at inference and multiplied as ``W``, as fconv does;
+- ``linear-on-W``: inference linears multiply by ``W`` (out x in) instead of the cached ``W^T``;
+- ``unfused-weight-norm``: training weight norm as a norm, a division and two products instead of torch's kernel.
+Each variant is timed alternately with the unchanged model (medians); the ratio is what the optimization buys.
+"""
+
+import argparse
+import contextlib
+import time
+
+import torch
+import torch.nn.functional as F
+
+from fairseq_convs2s.modules import weight_norm
+
+from . import measure
+from .pair import SIZES, build_pair, make_dictionary
+
+
+@contextlib.contextmanager
+def no_fold_cache():
+    original = weight_norm._WeightNorm._derived
+    weight_norm._WeightNorm._derived = lambda self, name, compute: compute()
+    try:
+        with linear_on_w():  # re-deriving W^T as well would charge a transpose fconv never pays
+            yield
+    finally:
+        weight_norm._WeightNorm._derived = original
+
+
+@contextlib.contextmanager
+def linear_on_w():
+    original = weight_norm.WeightNormLinear.forward
+    weight_norm.WeightNormLinear.forward = lambda self, x: F.linear(x, self.weight, self.bias)
+    try:
+        yield
+    finally:
+        weight_norm.WeightNormLinear.forward = original
+
+
+@contextlib.contextmanager
+def unfused_weight_norm():
+    original = weight_norm._WeightNorm._fold
+    weight_norm._WeightNorm._fold = lambda self: self.weight_v * (self.weight_g / self._norm(self.weight_v))
+    try:
+        yield
+    finally:
+        weight_norm._WeightNorm._fold = original
+
+
+VARIANTS = {"no-fold-cache": no_fold_cache, "linear-on-W": linear_on_w, "unfused-weight-norm": unfused_weight_norm}
+
+
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--threads", type=int, default=0)
+    p.add_argument("--repeats", type=int, default=5)
+    args = p.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    cpu = torch.device("cpu")
+    size = SIZES["iwslt"]
+    dictionary = make_dictionary(size.vocab)
+    _, model = build_pair(size, dictionary, dropout=0.2)
+    sample = measure.train_sample(dictionary, 64, 25, cpu)
+    step = measure.TrainStep(model, sample, dictionary.pad())
+    print(f"torch threads {torch.get_num_threads()}; ratio = variant time / unchanged time (median)")
+    for batch in (1, 16):
+        model.eval()
+        samples = measure.source_batches(dictionary, 16, 25, batch, cpu)
+        run, _ = measure.generator_fn(model, dictionary, samples, 5, 25)
+        for name in ("no-fold-cache", "linear-on-W"):
+            _report(f"generate beam 5 batch {batch}", name, run, args.repeats)
+    model.train()
+    _report("train update (64 x 26 tokens)", "unfused-weight-norm", step, args.repeats)
+
+
+def _report(what: str, variant: str, fn, repeats: int) -> None:
+    def changed():
+        with VARIANTS[variant]():
+            fn()
+
+    times = measure.alternate({"unchanged": fn, variant: changed}, repeats, warmup=1, device=torch.device("cpu"))
+    base, other = measure.median(times["unchanged"]), measure.median(times[variant])
+    print(f"[{time.strftime('%H:%M:%S')}] {what}: {variant} {other:.3f}s vs {base:.3f}s = {other / base:.2f}x")
+
+
+if __name__ == "__main__":
+    main()
