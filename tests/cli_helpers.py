@@ -173,3 +173,60 @@ def torch_frames(stderr: str) -> List[str]:
 def last_frame(stderr: str) -> str:
     frames = [line for line in stderr.splitlines() if line.strip().startswith("File ")]
     return frames[-1] if frames else ""
+
+
+# ---- the training launcher, python -m fairseq_convs2s.train ----------------------------------------------------
+
+
+def launcher_cmd(data: str, save_dir: str, *extra: str, user_dir: Path = PLUGIN_DIR) -> List[str]:
+    """``python -m fairseq_convs2s.train`` of the small model on CPU, no validation, one JSON log line per update;
+    ``extra`` flags come last, so they win."""
+    return [
+        sys.executable, "-m", "fairseq_convs2s.train", data,
+        "--user-dir", str(user_dir),
+        *MODEL_FLAGS,
+        *OPTIM_FLAGS,
+        "--save-dir", save_dir,
+        "--no-epoch-checkpoints",
+        "--disable-validation",
+        "--cpu",
+        "--log-format", "json",
+        "--log-interval", "1",
+        *extra,
+    ]  # fmt: skip
+
+
+def run_launcher(folder: Path, data: str, save_dir: str, *extra: str, user_dir: Path = PLUGIN_DIR):
+    """Run :func:`launcher_cmd` to completion and capture its output (not checked: see :func:`check_ok`)."""
+    cmd = launcher_cmd(data, save_dir, *extra, user_dir=user_dir)
+    return subprocess.run(cmd, cwd=folder, capture_output=True, text=True, timeout=600)
+
+
+_UPDATE_RECORD = re.compile(r"\| train_inner \| (\{.*\})\s*$", re.MULTILINE)
+
+
+def update_records(log: str) -> List[Dict[str, float]]:
+    """The per-update records of ``--log-format json --log-interval 1`` (loss, gnorm, num_updates, ...), as floats."""
+    import json
+
+    return [{k: float(v) for k, v in json.loads(m.group(1)).items()} for m in _UPDATE_RECORD.finditer(log)]
+
+
+def load_checkpoint(path: Path) -> dict:
+    """A checkpoint as fairseq itself loads it (``checkpoint_utils.load_checkpoint_to_cpu``)."""
+    from fairseq import checkpoint_utils
+
+    import fairseq_convs2s  # noqa: F401  (lets torch's safe unpickler read fairseq's argparse.Namespace)
+
+    return checkpoint_utils.load_checkpoint_to_cpu(str(path))
+
+
+def checkpoint_updates(state: dict) -> int:
+    """The number of updates a loaded checkpoint was saved at."""
+    return int(state["optimizer_history"][-1]["num_updates"])
+
+
+def max_param_difference(a: dict, b: dict) -> float:
+    """The largest absolute difference between two loaded checkpoints' parameters (same keys required)."""
+    assert a["model"].keys() == b["model"].keys(), set(a["model"]) ^ set(b["model"])
+    return max((a["model"][k].float() - b["model"][k].float()).abs().max().item() for k in a["model"])

@@ -1,0 +1,223 @@
+"""``fairseq-train`` with the fixes stock fairseq 0.12 needs on CPUs and for bfloat16.
+
+    python -m fairseq_convs2s.train DATA --user-dir fairseq_convs2s --arch convs2s_iwslt_de_en [fairseq-train flags]
+
+Every flag is fairseq-train's and means what it means there; this only changes what stock fairseq gets wrong:
+
+- ``--cpu --distributed-world-size N`` starts N local processes that train together over gloo. Stock fairseq spawns
+  ``min(GPUs, N)`` processes (none on a CPU), its default ``--ddp-backend pytorch_ddp`` hands GPU device ids to
+  torch's DDP, and its torchrun (``env://``) path divides by the GPU count. Here CPU ranks use ``legacy_ddp`` (the
+  same all-reduce, no device ids), a free TCP port on 127.0.0.1 unless ``--distributed-init-method`` is given, and
+  ``cores / N`` threads each; under ``torchrun`` the ranks come from its environment.
+- ``--bf16`` means bfloat16 on the device being trained on. Stock fairseq turns ``--bf16`` into ``--tpu`` and then
+  fails without torch_xla; ``--tpu`` still asks for a TPU.
+- A non-finite gradient (NaN or inf loss) under ``--bf16``, or ``--fp16`` on a CPU, skips that update with a
+  warning, as fairseq's fp16 loss scaler does on a GPU, instead of stopping training: stock bf16 has no loss scaler
+  and stops, and stock fp16 on a CPU crashes in its skip path (``torch.tensor(0.0).cuda()``). After
+  ``MAX_CONSECUTIVE_SKIPS`` skipped updates in a row training stops with fairseq's ``FloatingPointError``.
+- The extra copies of a checkpoint (``checkpoint_last.pt`` after ``checkpoint_3_500.pt``, ``checkpoint_best.pt``)
+  are written to a temporary file and renamed, as fairseq already does for the first file; stock fairseq copies
+  in place, so a kill during the copy leaves a truncated ``checkpoint_last.pt`` that the restart then fails to load.
+"""
+
+import functools
+import logging
+import os
+import shutil
+import socket
+import sys
+from typing import List, Optional
+
+import torch
+
+logger = logging.getLogger("fairseq_convs2s.train")
+
+# a bf16 run has no loss scale to lower: this many non-finite updates in a row means the run has diverged
+MAX_CONSECUTIVE_SKIPS = 10
+
+
+class NonFiniteGradients(Exception):
+    """The gradient norm of an update is NaN or inf; the update is skipped (not an ArithmeticError, so that fairseq's
+    ``except FloatingPointError`` / ``except OverflowError`` handlers in ``Trainer.train_step`` let it through)."""
+
+
+def main(argv: Optional[List[str]] = None) -> None:
+    """Parse fairseq-train's flags, apply the fixes above, run fairseq's training loop (in N processes on a CPU)."""
+    from fairseq import distributed_utils, options
+    from fairseq.dataclass.utils import convert_namespace_to_omegaconf
+
+    _configure_logging()
+    if argv is not None:  # fairseq reads --user-dir from sys.argv before parsing
+        sys.argv = [sys.argv[0], *argv]
+    given = set(arg.split("=", 1)[0] for arg in sys.argv[1:] if arg.startswith("--"))
+    parser = options.get_training_parser()
+    args = options.parse_args_and_arch(parser)
+    if args.bf16 and "--tpu" not in given:
+        args.tpu = False  # options.py sets tpu whenever bf16
+    if args.cpu and args.fp16:
+        args.fp16_no_flatten_grads = True  # flat fp32 master weights are allocated with torch.cuda.current_device()
+    spawn = _setup_cpu_distributed(args, given)
+    cfg = convert_namespace_to_omegaconf(args)
+    if spawn:
+        threads = int(os.environ.get("OMP_NUM_THREADS", 0)) or max(1, (os.cpu_count() or 1) // spawn)
+        torch.multiprocessing.spawn(_cpu_rank_main, args=(cfg, threads), nprocs=spawn, join=True)
+    else:  # one process, or fairseq's own spawn of one rank per GPU
+        distributed_utils.call_main(cfg, _patched_fairseq_main)
+
+
+def _patched_fairseq_main(cfg, **kwargs) -> None:
+    """fairseq's training loop with :func:`patch_fairseq` applied, in whichever process runs it (fairseq's GPU spawn
+    starts fresh interpreters that have not seen the parent's patches)."""
+    from fairseq_cli.train import main as fairseq_main
+
+    patch_fairseq()
+    fairseq_main(cfg, **kwargs)
+
+
+def _configure_logging() -> None:
+    """fairseq-train's log format, on stdout; importing the plugin has already given the root logger a handler, so
+    the ``basicConfig`` call in ``fairseq_cli.train`` would otherwise do nothing."""
+    logging.basicConfig(
+        format="%(asctime)s | %(levelname)s | %(name)s | %(message)s",
+        datefmt="%Y-%m-%d %H:%M:%S",
+        level=os.environ.get("LOGLEVEL", "INFO").upper(),
+        stream=sys.stdout,
+        force=True,
+    )
+
+
+def _setup_cpu_distributed(args, given) -> int:
+    """Fill in the distributed flags for a multi-process CPU run; return how many local ranks to spawn (0: none)."""
+    torchrun = all(key in os.environ for key in ("MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK"))
+    if not args.cpu or (args.distributed_world_size <= 1 and not torchrun):
+        return 0
+    if args.ddp_backend in ("pytorch_ddp", "c10d"):
+        if "--ddp-backend" in given:
+            logger.warning(
+                "--ddp-backend %s passes GPU device ids to torch; on CPUs using legacy_ddp", args.ddp_backend
+            )
+        args.ddp_backend = "legacy_ddp"
+    if "--distributed-backend" not in given:
+        args.distributed_backend = "gloo"
+    if torchrun:  # this process is one rank; its number and the world size come from torchrun's environment
+        args.distributed_init_method = "env://"
+        args.distributed_world_size = int(os.environ["WORLD_SIZE"])
+        args.distributed_rank = int(os.environ["RANK"])
+        args.device_id = 0
+        args.distributed_no_spawn = True
+        return 0
+    if args.distributed_no_spawn:  # one rank per command, as the user launched it (--distributed-rank R)
+        return 0
+    if args.distributed_init_method is None:
+        args.distributed_init_method = f"tcp://127.0.0.1:{_free_port()}"
+    args.distributed_no_spawn = True  # each spawned process is one rank; fairseq must not spawn again
+    return args.distributed_world_size
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _cpu_rank_main(rank: int, cfg, threads: int) -> None:
+    """One spawned CPU rank: fairseq's own per-rank entry point (process group init, then its training loop)."""
+    from fairseq import distributed_utils
+
+    _configure_logging()
+    torch.set_num_threads(threads)
+    cfg.distributed_training.distributed_rank = rank
+    cfg.distributed_training.device_id = 0
+    distributed_utils.call_main(cfg, _patched_fairseq_main)
+
+
+# ---- patches to fairseq, applied in every training process ----------------------------------------------------
+
+
+def patch_fairseq() -> None:
+    """Install the non-finite-gradient skip and the atomic checkpoint copy (idempotent)."""
+    from fairseq.file_io import PathManager
+    from fairseq.trainer import Trainer
+
+    if getattr(Trainer, "_convs2s_patched", False):
+        return
+    Trainer.clip_grad_norm = _guard_clip_grad_norm(Trainer.clip_grad_norm)
+    Trainer.train_step = _skip_nonfinite_updates(Trainer.train_step)
+    Trainer._convs2s_patched = True
+    PathManager.copy = staticmethod(_atomic_copy(PathManager.copy))
+
+
+def _guarded(trainer) -> bool:
+    common = trainer.cfg.common
+    return bool(common.bf16 or common.memory_efficient_bf16) or (common.fp16 and trainer.device.type == "cpu")
+
+
+def _guard_clip_grad_norm(clip_grad_norm):
+    @functools.wraps(clip_grad_norm)
+    def wrapper(self, clip_norm):
+        if not _guarded(self):
+            return clip_grad_norm(self, clip_norm)
+        try:
+            grad_norm = clip_grad_norm(self, clip_norm)
+        except OverflowError as e:  # fp16's loss scaler has lowered its scale; fairseq's handler needs CUDA
+            raise NonFiniteGradients(str(e)) from None
+        if not torch.isfinite(grad_norm).all():  # bf16: no loss scaler looked at the norm
+            raise NonFiniteGradients(f"gradient norm {grad_norm.item()}")
+        return grad_norm
+
+    return wrapper
+
+
+def _skip_nonfinite_updates(train_step):
+    @functools.wraps(train_step)
+    def wrapper(self, samples, raise_oom=False):
+        from fairseq.logging import metrics
+
+        try:
+            result = train_step(self, samples, raise_oom)
+        except NonFiniteGradients as e:
+            self._convs2s_skips = getattr(self, "_convs2s_skips", 0) + 1
+            logger.warning(
+                "non-finite gradients (NaN/inf loss) at update %d: %s; skipped this batch, parameters unchanged "
+                "(%d in a row)",
+                self.get_num_updates() + 1,
+                e,
+                self._convs2s_skips,
+            )
+            self.zero_grad()
+            optimizer = self.optimizer
+            if getattr(optimizer, "scaler", True) is None:
+                # without a loss scaler fairseq's FP16Optimizer resets its gradient multiplier only when it steps:
+                # left as is, it keeps this batch's clip factor, computed from a NaN norm, and every later update
+                # comes out NaN
+                optimizer._multiply_factor = 1.0
+            metrics.log_stop_time("train_wall")
+            if self._convs2s_skips >= MAX_CONSECUTIVE_SKIPS:
+                raise FloatingPointError(
+                    f"{self._convs2s_skips} updates in a row had non-finite gradients: the run has diverged; "
+                    "lower the learning rate or check the data"
+                ) from None
+            return None
+        self._convs2s_skips = 0
+        return result
+
+    return wrapper
+
+
+def _atomic_copy(copy):
+    @functools.wraps(copy)
+    def wrapper(src_path: str, dst_path: str, overwrite: bool = False) -> bool:
+        from fairseq.file_io import PathManager
+
+        if PathManager.path_requires_pathmanager(dst_path) or not overwrite and os.path.exists(dst_path):
+            return copy(src_path, dst_path, overwrite=overwrite)
+        tmp = dst_path + ".tmp"
+        shutil.copyfile(src_path, tmp)
+        os.replace(tmp, dst_path)  # the old file stays whole until the new one is
+        return True
+
+    return wrapper
+
+
+if __name__ == "__main__":
+    main()

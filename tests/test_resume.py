@@ -1,0 +1,145 @@
+"""Crash and resume: training killed with SIGKILL mid-epoch restarts from its last checkpoint with the same command,
+loses at most ``--save-interval-updates`` updates, and ends with the parameters of a run that was never killed.
+
+fairseq saves a checkpoint by writing ``<name>.tmp`` and renaming it (``checkpoint_utils.torch_persistent_save``),
+so a kill during ``torch.save`` leaves the previous file whole; it then *copies* that file to the save's other names
+(``checkpoint_last.pt``, ``checkpoint_best.pt``) in place with ``shutil.copyfile``, which a kill can leave truncated.
+``python -m fairseq_convs2s.train`` makes those copies atomic too; the last test shows the difference.
+"""
+
+import os
+import shutil
+import signal
+import subprocess
+
+import pytest
+import torch
+from cli_helpers import (
+    check_ok,
+    checkpoint_updates,
+    launcher_cmd,
+    load_checkpoint,
+    make_splits,
+    max_param_difference,
+    preprocess,
+    run_launcher,
+    update_records,
+)
+
+from fairseq_convs2s.train import _atomic_copy
+
+INTERVAL = 4  # --save-interval-updates
+UPDATES = 16  # 300 sentences at --max-tokens 200: 14 updates an epoch, so the run crosses into epoch 2
+KILL_AFTER = 10  # mid-epoch 1, after checkpoint_1_8.pt
+FLAGS = ["--max-tokens", "200", "--max-update", str(UPDATES), "--save-interval-updates", str(INTERVAL)]
+
+
+def _train_until_killed(folder, save_dir):
+    """Start the launcher, read its log as it runs, SIGKILL it once it has logged update KILL_AFTER; return the
+    highest update it logged (a lower bound on how far it got) and its log."""
+    proc = subprocess.Popen(
+        launcher_cmd("bin", save_dir, *FLAGS),
+        cwd=folder,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
+    log, seen = [], 0
+    try:
+        for line in proc.stdout:
+            log.append(line)
+            records = update_records(line)
+            if records:
+                seen = max(seen, int(records[0]["num_updates"]))
+            if seen >= KILL_AFTER:
+                proc.send_signal(signal.SIGKILL)
+                break
+        proc.stdout.read()  # what it wrote before it died
+        proc.wait(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    return seen, proc.returncode, "".join(log)
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("resume")
+    make_splits(folder, {"train": 300})
+    preprocess(folder, "bin", trainpref="train")
+    return folder
+
+
+def test_killed_run_resumes_from_its_last_checkpoint_and_ends_where_an_uninterrupted_run_does(folder):
+    """SIGKILL mid-epoch: every checkpoint on disk loads, checkpoint_last.pt is the newest of them, the restart
+    (same command) loads it, continues at the next update, loses at most INTERVAL updates, and ends with the same
+    parameters as a run that was never killed (fairseq's data order and seeds are deterministic)."""
+    seen, returncode, first_log = _train_until_killed(folder, "killed")
+    assert returncode == -signal.SIGKILL, first_log[-3000:]
+    assert KILL_AFTER <= seen < UPDATES, first_log[-3000:]
+
+    saved = sorted((folder / "killed").glob("*.pt"))
+    states = {path.name: load_checkpoint(path) for path in saved}  # raises on a truncated or corrupted file
+    assert "checkpoint_last.pt" in states, sorted(states)
+    interval_updates = [checkpoint_updates(s) for name, s in states.items() if name != "checkpoint_last.pt"]
+    last = checkpoint_updates(states["checkpoint_last.pt"])
+    assert last == max(interval_updates) and last % INTERVAL == 0 and last > 0, (sorted(states), last)
+    assert states["checkpoint_last.pt"]["extra_state"]["train_iterator"]["iterations_in_epoch"] == last  # epoch 1
+    assert seen - last <= INTERVAL, f"logged update {seen} before the kill, resumable from {last}"
+
+    resumed = check_ok(run_launcher(folder, "bin", "killed", *FLAGS))  # the same command again
+    resumed_log = resumed.stdout + resumed.stderr
+    assert f"(epoch 1 @ {last} updates)" in resumed_log and "Loaded checkpoint" in resumed_log, resumed_log[-3000:]
+    steps = [int(r["num_updates"]) for r in update_records(resumed_log)]
+    assert steps == list(range(last + 1, UPDATES + 1)), steps
+
+    straight = check_ok(run_launcher(folder, "bin", "straight", *FLAGS))
+    assert [int(r["num_updates"]) for r in update_records(straight.stdout)] == list(range(1, UPDATES + 1))
+    a = load_checkpoint(folder / "killed/checkpoint_last.pt")
+    b = load_checkpoint(folder / "straight/checkpoint_last.pt")
+    assert checkpoint_updates(a) == checkpoint_updates(b) == UPDATES
+    # measured: 0.0, bit for bit (the same operations on the same batches in the same order)
+    assert max_param_difference(a, b) == 0.0
+    # the logged losses after the restart are the uninterrupted run's
+    straight_losses = {int(r["num_updates"]): r["loss"] for r in update_records(straight.stdout)}
+    assert all(r["loss"] == straight_losses[int(r["num_updates"])] for r in update_records(resumed_log))
+
+
+class _Killed(BaseException):
+    """Stands for SIGKILL arriving half-way through a file copy."""
+
+
+def _copy_half_then_die(src, dst, *args, **kwargs):
+    data = open(src, "rb").read()
+    with open(dst, "wb") as f:
+        f.write(data[: len(data) // 2])
+    raise _Killed()
+
+
+def test_checkpoint_copies_survive_a_kill_mid_copy(tmp_path, monkeypatch):
+    """A copy interrupted half-way: fairseq's own copy (``PathManager.copy``) leaves a truncated
+    checkpoint_last.pt that no longer loads; the launcher's copy leaves the previous checkpoint_last.pt whole."""
+    from fairseq.file_io import PathManager
+
+    stock_copy = PathManager.copy
+    if getattr(stock_copy, "__wrapped__", None) is not None:  # patched in this process already
+        stock_copy = stock_copy.__wrapped__
+    new = tmp_path / "checkpoint_1_8.pt"
+    torch.save({"model": {"w": torch.arange(10000.0)}, "num_updates": 8}, new)
+    for name, copy in [("stock", stock_copy), ("launcher", _atomic_copy(stock_copy))]:
+        last = tmp_path / f"{name}_checkpoint_last.pt"
+        torch.save({"model": {"w": torch.zeros(10000)}, "num_updates": 4}, last)
+        with monkeypatch.context() as m:
+            m.setattr(shutil, "copyfile", _copy_half_then_die)
+            with pytest.raises(_Killed):
+                copy(str(new), str(last), overwrite=True)
+        if name == "stock":
+            with pytest.raises(Exception):  # noqa: B017  (torch raises RuntimeError or EOFError by position)
+                torch.load(last)
+        else:
+            assert torch.load(last)["num_updates"] == 4
+    # uninterrupted, the launcher's copy replaces the file
+    _atomic_copy(stock_copy)(str(new), str(tmp_path / "launcher_checkpoint_last.pt"), overwrite=True)
+    assert torch.load(tmp_path / "launcher_checkpoint_last.pt")["num_updates"] == 8
