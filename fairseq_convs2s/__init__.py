@@ -1,14 +1,14 @@
 """ConvS2S (Gehring et al., 2017) as a fairseq plugin: ``--user-dir fairseq_convs2s --arch convs2s_*``.
 
-Importing the package registers the ``convs2s`` model and its ``--arch`` presets, and lets fairseq's
-checkpoints load under torch's safe unpickler.
+Importing the package registers the ``convs2s`` model, its ``--arch`` presets and ``--criterion
+sequence_risk``, and lets fairseq's checkpoints load under torch's safe unpickler.
 """
 
 from .checkpoint_compat import allow_fairseq_checkpoints
 
 allow_fairseq_checkpoints()
 
-from . import models  # noqa: E402,F401  (registers the model)
+from . import criterions, models  # noqa: E402,F401  (registers the model, its presets and the criterion)
 from .models import ConvS2SModel  # noqa: E402,F401
 
 __version__ = "0.1.0"

@@ -1,0 +1,210 @@
+"""Fine-tune a token-level ConvS2S checkpoint with ``--criterion sequence_risk`` and report BLEU before and after,
+against continued token-level training from the same checkpoint.
+
+    python examples/sequence_risk/finetune.py DATA_BIN CHECKPOINT --out outputs/risk --max-update 100
+
+Runs, each from CHECKPOINT with a fresh optimizer (``--finetune-from-model``):
+
+- ``risk``: ``--criterion sequence_risk`` for --max-update updates;
+- ``token``: ``--criterion label_smoothed_cross_entropy`` for the same number of updates (same batches);
+- ``token-time`` (unless ``--no-time-matched``): token-level training for as many seconds as ``risk`` took
+  (``--stop-time-hours``), so the baseline gets the risk run's compute, not just its updates.
+
+Every model, CHECKPOINT included, is scored by ``fairseq-generate --beam 5 --scoring sacrebleu`` on
+``--gen-subset`` (BLEU on detokenized text: the sub-words are joined with the post-processing that the target
+dictionary calls for, sentencepiece or BPE, or ``--post-process``). The model flags come from the checkpoint, so
+only paths are needed. Everything lands in --out; ``results.md`` holds the table and the commands.
+"""
+
+import argparse
+import json
+import re
+import subprocess
+import sys
+import time
+from argparse import Namespace
+from pathlib import Path
+from typing import Dict, List, Optional
+
+USER_DIR = Path(__file__).resolve().parent.parent.parent / "fairseq_convs2s"
+# the model's own flags (fairseq_convs2s/models/config.py) and the task's position limits
+MODEL_FIELDS = (
+    "encoder_layers", "decoder_layers", "encoder_embed_dim", "decoder_embed_dim", "decoder_out_embed_dim",
+    "decoder_attention", "share_input_output_embed", "attention_scaling", "dropout",
+    "max_source_positions", "max_target_positions",
+)  # fmt: skip
+
+
+def checkpoint_model_flags(checkpoint: Path) -> List[str]:
+    """``--arch`` and the model flags a checkpoint was trained with, so fairseq-train rebuilds the same model."""
+    from fairseq import checkpoint_utils
+
+    import fairseq_convs2s  # noqa: F401  (lets torch's safe unpickler read fairseq's checkpoints)
+
+    state = checkpoint_utils.load_checkpoint_to_cpu(str(checkpoint))
+    model_cfg = state["cfg"]["model"]
+    values = vars(model_cfg) if isinstance(model_cfg, Namespace) else dict(model_cfg)
+    flags = ["--arch", str(values["arch"])]
+    for name in MODEL_FIELDS:
+        value = values.get(name)
+        if value is None or value is False:
+            continue
+        flag = "--" + name.replace("_", "-")
+        flags += [flag] if value is True else [flag, str(value)]
+    return flags
+
+
+def subword_post_process(data: Path, target_lang: str) -> str:
+    """'sentencepiece', 'subword_nmt' or 'none', from the pieces in the target dictionary."""
+    for line in (data / f"dict.{target_lang}.txt").read_text(encoding="utf-8").splitlines():
+        symbol = line.split(" ")[0]
+        if symbol.startswith("\u2581"):
+            return "sentencepiece"
+        if symbol.endswith("@@") and len(symbol) > 2:
+            return "subword_nmt"
+    return "none"
+
+
+def language_pair(data: Path):
+    """(source, target) from the data-bin's ``dict.<lang>.txt`` and ``train.<src>-<tgt>.<lang>.bin`` names."""
+    for path in sorted(data.glob("*.bin")):
+        m = re.match(r"^\w+\.([^.-]+)-([^.-]+)\.([^.]+)\.bin$", path.name)
+        if m:
+            return m.group(1), m.group(2)
+    raise SystemExit(f"{data}: no binarized split found (expected e.g. train.de-en.de.bin)")
+
+
+def fairseq(tool: str) -> List[str]:
+    return [sys.executable, "-m", f"fairseq_cli.{tool}"]
+
+
+def run(cmd: List[str], log: Path) -> str:
+    """Run a command with its output in ``log``; stop with the log's tail when it fails."""
+    printable = " ".join(cmd[2:] if cmd[0] == sys.executable else cmd)
+    print(f"$ {printable}", flush=True)
+    with open(log, "w") as f:
+        proc = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, text=True)
+    text = log.read_text()
+    if proc.returncode != 0:
+        raise SystemExit(f"failed ({log}):\n{text[-3000:]}")
+    return text
+
+
+def bleu(args, checkpoint: Path, post_process: str, device: List[str], log: Path) -> str:
+    """fairseq-generate's sacrebleu line for ``checkpoint`` on --gen-subset: 'BLEU = 96.93 99.7/... (BP = ...)'."""
+    cmd = [
+        *fairseq("generate"), str(args.data), "--user-dir", str(USER_DIR), "--path", str(checkpoint),
+        "--gen-subset", args.gen_subset, "--beam", "5", "--batch-size", "64", "--required-batch-size-multiple", "1",
+        "--max-len-a", str(args.max_len_a), "--max-len-b", str(args.max_len_b),
+        "--scoring", "sacrebleu", "--post-process", post_process, "--quiet", *device,
+    ]  # fmt: skip
+    m = re.search(r"(BLEU = [0-9.]+ [0-9./]+ \(BP = [0-9.]+ ratio = [0-9.]+)", run(cmd, log))
+    if not m:
+        raise SystemExit(f"no BLEU in {log}")
+    return m.group(1) + ")"
+
+
+def previous_training_time(checkpoint: Path) -> float:
+    """The training seconds a checkpoint has behind it (fairseq's --stop-time-hours counts them too)."""
+    from fairseq import checkpoint_utils
+
+    import fairseq_convs2s  # noqa: F401
+
+    state = checkpoint_utils.load_checkpoint_to_cpu(str(checkpoint))
+    return float((state.get("extra_state") or {}).get("previous_training_time", 0.0))
+
+
+def main(argv: Optional[List[str]] = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("data", type=Path, help="fairseq-preprocess output folder")
+    parser.add_argument("checkpoint", type=Path, help="the token-level checkpoint to start from")
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--max-update", type=int, default=100, help="updates of the risk and token runs")
+    parser.add_argument("--max-tokens", type=int, default=1000, help="batch size of both (sources + targets)")
+    parser.add_argument("--lr", type=float, default=0.05, help="NAG learning rate of both fine-tuning runs")
+    parser.add_argument("--risk-candidates", type=int, default=8)
+    parser.add_argument("--risk-alpha", type=float, default=0.3)
+    parser.add_argument("--risk-include-reference", action="store_true")
+    parser.add_argument("--gen-subset", default="test")
+    # the limits fairseq's translation examples give --eval-bleu, and the criterion's candidates' defaults
+    parser.add_argument("--max-len-a", type=float, default=1.2, help="generation length limit a * source + b")
+    parser.add_argument("--max-len-b", type=int, default=10)
+    parser.add_argument("--post-process", default=None, help="sentencepiece, subword_nmt or none (default: from dict)")
+    parser.add_argument("--no-time-matched", action="store_true", help="skip the token-level run of equal time")
+    parser.add_argument("--seed", type=int, default=1)
+    args = parser.parse_args(argv)
+
+    import torch
+
+    args.out.mkdir(parents=True, exist_ok=True)
+    device = [] if torch.cuda.is_available() else ["--cpu"]
+    src, tgt = language_pair(args.data)
+    post_process = args.post_process or subword_post_process(args.data, tgt)
+    model_flags = checkpoint_model_flags(args.checkpoint)
+    common = [
+        *fairseq("train"), str(args.data), "--user-dir", str(USER_DIR), "--source-lang", src, "--target-lang", tgt,
+        *model_flags, "--finetune-from-model", str(args.checkpoint.resolve()),
+        "--optimizer", "nag", "--momentum", "0.99", "--lr", str(args.lr), "--clip-norm", "0.1",
+        "--label-smoothing", "0.1", "--max-tokens", str(args.max_tokens), "--seed", str(args.seed),
+        "--no-epoch-checkpoints", "--disable-validation", "--log-format", "simple", "--log-interval", "10", *device,
+    ]  # fmt: skip
+    runs = {
+        "risk": [
+            "--criterion", "sequence_risk", "--risk-candidates", str(args.risk_candidates),
+            "--risk-alpha", str(args.risk_alpha), "--risk-post-process", post_process,
+            "--risk-max-len-a", str(args.max_len_a), "--risk-max-len-b", str(args.max_len_b),
+            *(["--risk-include-reference"] if args.risk_include_reference else []),
+            "--max-update", str(args.max_update),
+        ],
+        "token": ["--criterion", "label_smoothed_cross_entropy", "--max-update", str(args.max_update)],
+        # as many seconds of training as the risk run took, however many updates that is: --stop-time-hours
+        # counts the checkpoint's own training time too, so the limit is the risk checkpoint's total
+        "token-time": ["--criterion", "label_smoothed_cross_entropy", "--max-update", "1000000000"],
+    }  # fmt: skip
+    if args.no_time_matched:
+        del runs["token-time"]
+
+    # a second call with the same --out reuses the finished runs (their checkpoint and timing) and re-scores all
+    saved = args.out / "runs.json"
+    done: Dict[str, dict] = json.loads(saved.read_text()) if saved.exists() else {}
+    results = {"start": {"bleu": bleu(args, args.checkpoint, post_process, device, args.out / "gen_start.log")}}
+    print(f"   before fine-tuning: {results['start']['bleu']}", flush=True)
+    for name, flags in runs.items():
+        save_dir = args.out / name
+        if name == "token-time":
+            total = previous_training_time(args.out / "risk" / "checkpoint_last.pt")
+            flags = flags + ["--stop-time-hours", f"{total / 3600:.6f}"]
+        cmd = [*common, *flags, "--save-dir", str(save_dir)]
+        if name not in done or not (save_dir / "checkpoint_last.pt").exists():
+            started = time.time()
+            log = run(cmd, args.out / f"train_{name}.log")
+            updates = re.findall(r"num_updates[ =:\"]+(\d+)", log)
+            done[name] = {
+                "seconds": round(time.time() - started, 1),
+                "updates": int(updates[-1]) if updates else None,
+                "command": " ".join(cmd[2:]),
+            }
+            saved.write_text(json.dumps(done, indent=2))
+        score = bleu(args, save_dir / "checkpoint_last.pt", post_process, device, args.out / f"gen_{name}.log")
+        results[name] = {**done[name], "bleu": score}
+        print(f"   {name}: {score} after {done[name]['updates']} updates, {done[name]['seconds']} s", flush=True)
+
+    (args.out / "results.json").write_text(json.dumps(results, indent=2))
+    lines = [
+        f"`{args.gen_subset}`, beam 5, --max-len-a {args.max_len_a} --max-len-b {args.max_len_b}, sacrebleu "
+        f"(post-process {post_process}); fine-tuned from `{args.checkpoint}`:",
+        "",
+        "| model | updates | seconds (wall, whole fairseq-train) | BLEU |",
+        "|---|---|---|---|",
+        f"| start: the token-level checkpoint | - | - | {results['start']['bleu']} |",
+    ]
+    for name in (n for n in runs if n in results):
+        r = results[name]
+        lines.append(f"| + {name} | {r['updates']} | {r['seconds']} | {r['bleu']} |")
+    lines += ["", "Commands:", ""] + [f"    {name}: {results[name]['command']}" for name in runs]
+    (args.out / "results.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()
