@@ -22,6 +22,7 @@ setup(
     extras_require={
         "test": ["pytest>=7", "ruff==0.17.6"],
         "demo": ["matplotlib>=3.5"],
+        "recipes": ["rouge-score>=0.1.2"],  # ROUGE for examples/gigaword
     },
     classifiers=[
         "Programming Language :: Python :: 3",

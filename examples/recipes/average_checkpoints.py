@@ -1,0 +1,92 @@
+"""Average the parameters of several fairseq checkpoints into one (fairseq's scripts/average_checkpoints.py is not in
+its pip package).
+
+    python examples/recipes/average_checkpoints.py --inputs ckpt/checkpoint8.pt ckpt/checkpoint9.pt \\
+        ckpt/checkpoint10.pt --output ckpt/checkpoint_avg.pt
+    python examples/recipes/average_checkpoints.py --last 5 --checkpoint-dir ckpt --output ckpt/checkpoint_avg.pt
+
+The result is the newest input with its model weights replaced by the element-wise mean, so it loads anywhere the
+inputs load (``fairseq-generate --path``, ``--restore-file``). ConvS2S keeps weight norm's g and v as its
+parameters; like fairseq's script this averages g and v, not the effective weights.
+"""
+
+import argparse
+import re
+import sys
+from pathlib import Path
+from typing import List, Sequence
+
+import torch
+
+_EPOCH_CHECKPOINT = re.compile(r"checkpoint(\d+)\.pt$")
+
+
+def last_epoch_checkpoints(folder: Path, n: int) -> List[Path]:
+    """The ``n`` newest ``checkpoint<epoch>.pt`` files in ``folder``, oldest first (fewer if fewer exist)."""
+    found = []
+    for path in folder.glob("checkpoint*.pt"):
+        m = _EPOCH_CHECKPOINT.match(path.name)
+        if m:
+            found.append((int(m.group(1)), path))
+    return [path for _, path in sorted(found)[-n:]]
+
+
+def _load(path: Path) -> dict:
+    # fairseq pickles an argparse.Namespace into its checkpoints; allow-listing it (what importing the plugin
+    # does, without the seconds that importing fairseq takes) lets the safe loader of torch >= 2.6 read them
+    add_safe_globals = getattr(torch.serialization, "add_safe_globals", None)
+    if add_safe_globals is not None:
+        add_safe_globals([argparse.Namespace])
+    return torch.load(path, map_location="cpu")
+
+
+def average_checkpoints(inputs: Sequence[Path]) -> dict:
+    """The newest (last) of ``inputs`` with ``state["model"]`` the mean of all their models.
+
+    Floating-point tensors are summed in float64 and cast back to their dtype (fp16 checkpoints keep their
+    precision); integer buffers are taken from the newest checkpoint.
+    """
+    if not inputs:
+        raise ValueError("no checkpoints to average")
+    sums = None
+    state = None
+    for path in inputs:
+        state = _load(path)
+        model = state["model"]
+        if sums is None:
+            sums = {k: v.double() if v.is_floating_point() else v for k, v in model.items()}
+            continue
+        if model.keys() != sums.keys():
+            raise ValueError(f"{path} holds different parameters than {inputs[0]}: not the same model")
+        for key, value in model.items():
+            if value.is_floating_point():
+                sums[key] += value.double()
+    averaged = {}
+    for key, value in state["model"].items():
+        averaged[key] = (sums[key] / len(inputs)).to(value.dtype) if value.is_floating_point() else value
+    state["model"] = averaged
+    return state
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--inputs", type=Path, nargs="+", help="checkpoint files to average")
+    parser.add_argument("--last", type=int, help="average the last N checkpoint<epoch>.pt of --checkpoint-dir")
+    parser.add_argument("--checkpoint-dir", type=Path)
+    parser.add_argument("--output", type=Path, required=True)
+    args = parser.parse_args(argv)
+    if args.inputs:
+        inputs = args.inputs
+    elif args.last and args.checkpoint_dir:
+        inputs = last_epoch_checkpoints(args.checkpoint_dir, args.last)
+    else:
+        parser.error("give --inputs, or --last N with --checkpoint-dir")
+    if not inputs:
+        sys.exit(f"average_checkpoints: error: no checkpoint<epoch>.pt files in {args.checkpoint_dir}")
+    print(f"averaging {len(inputs)} checkpoints: {', '.join(p.name for p in inputs)}")
+    torch.save(average_checkpoints(inputs), args.output)
+    print(f"wrote {args.output}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,373 @@
+"""The pipeline every recipe runs, from raw text to a score. Each task's ``run.py`` only describes its data and
+settings (a :class:`Recipe`) and calls :func:`main`.
+
+Stages, each skipped when its output is already there (delete a stage's output to run it again; a training that
+runs again, to train longer, makes stages 5-7 run again too):
+
+  1 data            download and unpack (or ``--raw-dir`` with local files), normalize  -> OUT/raw/
+  2 sentencepiece   one joint vocabulary over both sides of train; encode; length/ratio filter -> OUT/spm/
+  3 preprocess      fairseq-preprocess --joined-dictionary                               -> OUT/data-bin/
+  4 train           fairseq-train with the recipe's preset and the paper's optimization  -> OUT/checkpoints/
+  5 average         average the last N epoch checkpoints                                 -> checkpoint_avg.pt
+  6 generate        fairseq-generate --beam 5 on each test set, detokenized              -> OUT/<test>.hyp
+  7 score           sacrebleu (with its signature) or ROUGE-1/2/L                        -> OUT/score-<test>.txt
+"""
+
+import argparse
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Dict, List, Optional, Sequence
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parent.parent
+USER_DIR = REPO / "fairseq_convs2s"
+sys.path.insert(0, str(HERE.parent))
+
+from recipes import scoring, text  # noqa: E402
+
+SPLITS = ("train", "valid", "test")
+
+
+@dataclass
+class EvalSet:
+    """A test set to translate and score. The recipe's own test split has no files here; an extra one (DUC-2004)
+    names its source file and one or more reference files."""
+
+    name: str
+    source: Optional[Path] = None
+    references: Sequence[Path] = ()
+    min_len: int = 1  # fairseq-generate --min-len, in subword tokens
+    rouge_recall_bytes: Optional[int] = None  # ROUGE recall of outputs cut to this many bytes instead of F1
+
+
+@dataclass
+class Recipe:
+    """What differs between tasks: where the data comes from, the vocabulary, the model and its training flags."""
+
+    name: str
+    langs: Sequence[str]  # the two "languages"; the first is the default source
+    # raw files: raw_pattern.format(prefix=raw_prefixes[split], lang=lang), plain text or .gz
+    raw_prefixes: Dict[str, str]
+    raw_pattern: str = "{prefix}.{lang}"
+    # download(folder, mirror) fetches and unpacks the corpus below folder; returns the folder of raw files
+    download: Optional[Callable[[Path, Optional[str]], Path]] = None
+    fix_line: Optional[Callable[[str], str]] = None  # a task's own clean-up, before the common normalization
+    max_valid_lines: Optional[int] = None  # validate on the first N pairs only (Gigaword's dev set is 190k)
+    vocab_size: int = 32000
+    spm_model_type: str = "bpe"
+    character_coverage: float = 1.0
+    max_tokens_per_side: int = 250  # train/valid pairs longer than this (in pieces) are dropped
+    max_len_ratio: Optional[float] = 1.5  # ... and pairs whose lengths differ more than this ratio
+    arch: str = "convs2s_iwslt_de_en"
+    train_flags: List[str] = field(default_factory=list)  # after the common ones; --train-args come last
+    average_last: int = 5
+    generate_flags: List[str] = field(default_factory=list)
+    metric: str = "bleu"  # or "rouge"
+    reference: str = ""  # the numbers to compare with, printed with the score
+    add_args: Optional[Callable[[argparse.ArgumentParser], None]] = None
+    extra_eval_sets: Optional[Callable[[argparse.Namespace], List[EvalSet]]] = None
+
+
+# The paper's optimization (section 4.2-4.3): Nesterov momentum 0.99, gradient norm clipped at 0.1, the learning
+# rate divided by 10 whenever validation loss stops improving, until it falls below 1e-4; fairseq's recipes add
+# label smoothing 0.1. --lr, --dropout and --max-tokens come from each recipe.
+PAPER_OPTIMIZATION = [
+    "--optimizer", "nag", "--momentum", "0.99", "--clip-norm", "0.1",
+    "--lr-scheduler", "reduce_lr_on_plateau", "--lr-shrink", "0.1", "--stop-min-lr", "1e-4",
+    "--criterion", "label_smoothed_cross_entropy", "--label-smoothing", "0.1",
+]  # fmt: skip
+
+
+def stage(name: str, done: Path) -> bool:
+    """Print the stage header; False (skip the stage) when its output ``done`` already exists."""
+    if done.exists():
+        print(f"== {name}: already done ({done})", flush=True)
+        return False
+    print(f"== {name}", flush=True)
+    return True
+
+
+def fairseq(tool: str) -> List[str]:
+    return [sys.executable, "-m", f"fairseq_cli.{tool}"]
+
+
+def run(cmd: Sequence, log: Optional[Path] = None, append: bool = False, quiet: Sequence[str] = ()) -> None:
+    """Run a command, failing loudly; its output goes to the console and, when given, all of it into ``log``
+    (the lines starting with one of ``quiet`` into ``log`` only)."""
+    cmd = [str(c) for c in cmd]
+    print("$ " + shlex.join(cmd), flush=True)
+    if log is None:
+        subprocess.run(cmd, check=True)
+        return
+    with open(log, "a" if append else "w", encoding="utf-8") as out:
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1)
+        for line in proc.stdout:
+            if not line.startswith(tuple(quiet)):
+                sys.stdout.write(line)
+            out.write(line)
+        if proc.wait() != 0:
+            raise subprocess.CalledProcessError(proc.returncode, cmd)
+
+
+def device_flags() -> List[str]:
+    """``--cpu`` where torch sees no GPU (fairseq would fail without it); nothing where it does, so that
+    fairseq-train uses every visible GPU."""
+    import torch  # here, not at the top: a run whose stages are all done never pays for the import
+
+    return [] if torch.cuda.is_available() else ["--cpu"]
+
+
+def build_parser(recipe: Recipe, doc: str) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        description=doc, formatter_class=argparse.RawDescriptionHelpFormatter, allow_abbrev=False
+    )
+    add = parser.add_argument
+    add(
+        "--out",
+        type=Path,
+        default=Path("outputs") / recipe.name,
+        help="where every stage writes (default: %(default)s)",
+    )
+    add("--raw-dir", type=Path, help="use the raw files in this folder instead of downloading (see the README)")
+    add("--mirror", help="fetch every download as MIRROR/<file name> (a mirror, or file:///dir of hand downloads)")
+    add("--source-lang", default=recipe.langs[0], choices=list(recipe.langs))
+    add("--target-lang", default=None, choices=list(recipe.langs), help="default: the other one")
+    add("--max-train-lines", type=int, help="use only the first N training pairs (a quick try, a smoke test)")
+    add("--vocab-size", type=int, default=recipe.vocab_size, help="joint sentencepiece vocabulary (%(default)s)")
+    add("--average-last", type=int, default=recipe.average_last, help="average the last N epochs (%(default)s)")
+    add("--checkpoint", choices=["avg", "best", "last"], default="avg", help="the model to test (default: avg)")
+    add("--train-args", default="", help='more fairseq-train flags, e.g. "--max-epoch 30 --fp16"; they win')
+    add("--generate-args", default="", help='more fairseq-generate flags, e.g. "--lenpen 1.2"')
+    add("--workers", type=int, default=min(8, os.cpu_count() or 1), help="threads for data preparation")
+    if recipe.add_args:
+        recipe.add_args(parser)
+    return parser
+
+
+def main(recipe: Recipe, doc: str, argv: Optional[Sequence[str]] = None) -> None:
+    """Parse the command line and run the stages of ``recipe``."""
+    parser = build_parser(recipe, doc)
+    args = parser.parse_args(argv)
+    src = args.source_lang
+    tgt = args.target_lang or next(lang for lang in recipe.langs if lang != src)
+    if tgt == src:
+        parser.error("--source-lang and --target-lang must differ")
+    out = args.out.resolve()
+    raw, spm_dir, bin_dir, ckpt = out / "raw", out / "spm", out / "data-bin", out / "checkpoints"
+    eval_sets = [EvalSet("test")] + (recipe.extra_eval_sets(args) if recipe.extra_eval_sets else [])
+    timings: Dict[str, float] = {}
+
+    def timed(name, fn, *fn_args, **fn_kwargs):
+        started = time.time()
+        fn(*fn_args, **fn_kwargs)
+        timings[name] = time.time() - started
+
+    # 1 -----------------------------------------------------------------------------------------------------
+    last_set = eval_sets[-1].name
+    if stage("1/7 data", raw / f"{last_set}.{recipe.langs[1]}"):
+        timed("data", prepare_raw, recipe, args, raw, eval_sets)
+
+    # 2 -----------------------------------------------------------------------------------------------------
+    spm_model = spm_dir / "spm.model"
+    if stage(
+        f"2/7 sentencepiece (joint {recipe.spm_model_type}, {args.vocab_size} pieces)", spm_dir / f"{last_set}.done"
+    ):
+        timed("sentencepiece", prepare_pieces, recipe, args, raw, spm_dir, eval_sets)
+
+    # 3 -----------------------------------------------------------------------------------------------------
+    pair = f"{src}-{tgt}"
+    last_subset = "test" if len(eval_sets) == 1 else f"test{len(eval_sets) - 1}"
+    if stage(f"3/7 fairseq-preprocess {pair}", bin_dir / f"{last_subset}.{pair}.{tgt}.idx"):
+        shutil.rmtree(bin_dir, ignore_errors=True)
+        test_prefixes = ",".join(str(spm_dir / e.name) for e in eval_sets)
+        cmd = fairseq("preprocess") + [
+            "--source-lang", src, "--target-lang", tgt, "--joined-dictionary",
+            "--trainpref", spm_dir / "train", "--validpref", spm_dir / "valid", "--testpref", test_prefixes,
+            "--destdir", bin_dir, "--workers", args.workers,
+        ]  # fmt: skip
+        timed("preprocess", run, cmd)
+
+    # 4 -----------------------------------------------------------------------------------------------------
+    # an interrupted training resumes from checkpoint_last.pt (fairseq's default --restore-file)
+    if stage(f"4/7 fairseq-train --arch {recipe.arch}", ckpt / "train.done"):
+        ckpt.mkdir(parents=True, exist_ok=True)
+        cmd = fairseq("train") + [
+            bin_dir, "--user-dir", USER_DIR, "--arch", recipe.arch, "--source-lang", src, "--target-lang", tgt,
+            *PAPER_OPTIMIZATION, *recipe.train_flags,
+            "--save-dir", ckpt, "--keep-last-epochs", max(args.average_last, 1),
+            "--skip-invalid-size-inputs-valid-test", "--log-format", "simple", "--log-interval", "100",
+            "--seed", "1", *device_flags(), *shlex.split(args.train_args),
+        ]  # fmt: skip
+        timed("train", run, cmd, log=out / "train.log", append=True)
+        (ckpt / "train.done").touch()
+        # a new model: the average and the outputs of an earlier model are stale (this is how "train longer"
+        # works: delete checkpoints/train.done and run again with a larger --max-epoch)
+        for stale in [
+            ckpt / "checkpoint_avg.pt",
+            *out.glob("generate-*.txt"),
+            *out.glob("*.hyp"),
+            *out.glob("score-*"),
+        ]:
+            stale.unlink(missing_ok=True)
+
+    # 5 -----------------------------------------------------------------------------------------------------
+    model = {"avg": ckpt / "checkpoint_avg.pt", "best": ckpt / "checkpoint_best.pt"}.get(
+        args.checkpoint, ckpt / "checkpoint_last.pt"
+    )
+    if args.checkpoint == "avg" and stage(f"5/7 average the last {args.average_last} epoch checkpoints", model):
+        import torch  # imported only by the stages that need it: a finished run starts in a blink
+
+        from recipes.average_checkpoints import average_checkpoints, last_epoch_checkpoints
+
+        inputs = last_epoch_checkpoints(ckpt, args.average_last)
+        if not inputs:
+            sys.exit(f"no checkpoint<epoch>.pt in {ckpt} to average (was training run with --no-epoch-checkpoints?)")
+        print(f"   {', '.join(p.name for p in inputs)}")
+        partial = model.with_name(model.name + ".partial")
+        torch.save(average_checkpoints(inputs), partial)
+        partial.rename(model)  # the final name only when complete: an interrupted save is redone
+
+    # 6, 7 --------------------------------------------------------------------------------------------------
+    summary = []
+    for i, eval_set in enumerate(eval_sets):
+        subset = "test" if i == 0 else f"test{i}"
+        # file names carry the checkpoint, so --checkpoint best after --checkpoint avg generates again
+        tag = f"{eval_set.name}.{args.checkpoint}"
+        generated, hyp_file, score_file = out / f"generate-{tag}.txt", out / f"{tag}.hyp", out / f"score-{tag}.txt"
+        if stage(f"6/7 fairseq-generate --beam 5 on {eval_set.name} ({model.name})", generated):
+            cmd = fairseq("generate") + [
+                bin_dir, "--user-dir", USER_DIR, "--path", model, "--source-lang", src, "--target-lang", tgt,
+                "--gen-subset", subset, "--beam", "5", "--min-len", eval_set.min_len, "--batch-size", "64",
+                "--remove-bpe", "sentencepiece",
+                "--required-batch-size-multiple", "1",  # else fairseq may drop the last sentences (issue 5036)
+                *recipe.generate_flags, *device_flags(), *shlex.split(args.generate_args),
+            ]  # fmt: skip
+            # the per-sentence S-/T-/H-/D-/P- lines go to the file only
+            partial = generated.with_name(generated.name + ".partial")
+            timed(f"generate {eval_set.name}", run, cmd, log=partial, quiet=("S-", "T-", "H-", "D-", "P-"))
+            write_hypotheses(partial, hyp_file)
+            partial.rename(generated)
+        if stage(f"7/7 score {eval_set.name}", score_file):
+            score_file.write_text(score(recipe, eval_set, hyp_file, raw, tgt) + "\n")
+        summary.append(f"{eval_set.name} ({model.name}): {score_file.read_text().strip()}")
+        show_examples(hyp_file, raw / f"{eval_set.name}.{src}", raw / f"{eval_set.name}.{tgt}")
+
+    print("\n== results")
+    for line in summary:
+        print(line)
+    if recipe.reference:
+        print(f"for comparison: {recipe.reference}")
+    for name, seconds in timings.items():
+        print(f"   {name}: {seconds / 60:.1f} min")
+    with open(out / "timings.txt", "a", encoding="utf-8") as f:
+        f.writelines(f"{name}\t{seconds:.0f} s\n" for name, seconds in timings.items())
+    print(
+        "translate your own text:\n"
+        f"   fairseq-interactive {bin_dir} --user-dir {USER_DIR} --path {model} --beam 5 "
+        f"--source-lang {src} --target-lang {tgt} --bpe sentencepiece --sentencepiece-model {spm_model}"
+        "   (add --cpu on a machine without a GPU)"
+    )
+
+
+def prepare_raw(recipe: Recipe, args, raw: Path, eval_sets: Sequence[EvalSet]) -> None:
+    """Stage 1: raw/<split>.<lang> for train, valid and every test set, normalized, one sentence a line."""
+    if args.raw_dir is not None:
+        source_dir = args.raw_dir
+    elif recipe.download is not None:
+        source_dir = recipe.download(args.out.resolve() / "download", args.mirror)
+    else:
+        raise SystemExit(f"{recipe.name}: no download for this corpus; give --raw-dir")
+    raw.mkdir(parents=True, exist_ok=True)
+    a, b = recipe.langs
+    for split in SPLITS:
+        if (raw / f"{split}.{b}").exists():
+            continue  # written by an earlier run (this one only adds a test set)
+        name = {lang: recipe.raw_pattern.format(prefix=recipe.raw_prefixes[split], lang=lang) for lang in (a, b)}
+        limit = args.max_train_lines if split == "train" else recipe.max_valid_lines if split == "valid" else None
+        pairs = text.read_pairs(text.find_raw_file(source_dir, name[a]), text.find_raw_file(source_dir, name[b]), limit)
+        n = text.write_normalized_pairs(pairs, raw / f"{split}.{a}", raw / f"{split}.{b}", recipe.fix_line)
+        print(f"   {split}: {n} pairs from {source_dir / name[a]} and .{b}")
+    for extra in eval_sets[1:]:
+        # an extra test set: its source in the first language, its references (one or more) in the second
+        refs = [text.read_lines(p) for p in extra.references]
+        sources = text.read_lines(extra.source)
+        for path, lines in zip(extra.references, refs):
+            if len(lines) != len(sources):
+                raise SystemExit(f"{path} has {len(lines)} lines, {extra.source} has {len(sources)}")
+        (raw / f"{extra.name}.{a}").write_text("".join(text.normalize(s) + "\n" for s in sources), encoding="utf-8")
+        for k, lines in enumerate(refs):
+            suffix = "" if k == 0 else f".ref{k}"
+            with open(raw / f"{extra.name}.{b}{suffix}", "w", encoding="utf-8") as f:
+                f.writelines(text.normalize(line) + "\n" for line in lines)
+        print(f"   {extra.name}: {len(sources)} sources, {len(refs)} references each")
+
+
+def prepare_pieces(recipe: Recipe, args, raw: Path, spm_dir: Path, eval_sets: Sequence[EvalSet]) -> None:
+    """Stage 2: learn the joint sentencepiece model on train, then encode every split (filtering train/valid)."""
+    spm_dir.mkdir(parents=True, exist_ok=True)
+    a, b = recipe.langs
+    model = spm_dir / "spm.model"
+    if not model.exists():
+        text.train_sentencepiece(
+            [raw / f"train.{a}", raw / f"train.{b}"],
+            spm_dir / "spm",
+            args.vocab_size,
+            recipe.spm_model_type,
+            recipe.character_coverage,
+            args.workers,
+        )
+    for name in ["train", "valid"] + [e.name for e in eval_sets]:
+        filtered = name in ("train", "valid")
+        kept, read = text.encode_pairs(
+            model,
+            raw / f"{name}.{a}",
+            raw / f"{name}.{b}",
+            spm_dir / f"{name}.{a}",
+            spm_dir / f"{name}.{b}",
+            max_tokens=recipe.max_tokens_per_side if filtered else None,
+            max_ratio=recipe.max_len_ratio if filtered else None,
+            threads=args.workers,
+        )
+        print(f"   {name}: {kept} of {read} pairs" + (" kept by the length/ratio filter" if filtered else ""))
+    (spm_dir / f"{eval_sets[-1].name}.done").touch()
+
+
+_DETOK = re.compile(r"^D-(\d+)\t[^\t]*\t(.*)$")
+
+
+def write_hypotheses(generate_log: Path, hyp_file: Path) -> None:
+    """fairseq-generate's detokenized ``D-<id>`` lines, in the order of the test set."""
+    hyps = {}
+    for line in generate_log.read_text(encoding="utf-8").splitlines():
+        m = _DETOK.match(line)
+        if m:
+            hyps[int(m.group(1))] = m.group(2)
+    if sorted(hyps) != list(range(len(hyps))):
+        raise SystemExit(f"{generate_log}: hypotheses are missing for some sentences")
+    hyp_file.write_text("".join(hyps[i] + "\n" for i in range(len(hyps))), encoding="utf-8")
+
+
+def score(recipe: Recipe, eval_set: EvalSet, hyp_file: Path, raw: Path, tgt: str) -> str:
+    """The score line(s) of one test set against its normalized, untokenized references."""
+    hyps = text.read_lines(hyp_file)
+    ref_files = sorted(raw.glob(f"{eval_set.name}.{tgt}.ref*"))
+    refs = [text.read_lines(raw / f"{eval_set.name}.{tgt}")] + [text.read_lines(p) for p in ref_files]
+    if any(len(r) != len(hyps) for r in refs):
+        raise SystemExit(f"{hyp_file} has {len(hyps)} lines, the references {[len(r) for r in refs]}")
+    if recipe.metric == "bleu":
+        return scoring.bleu(hyps, refs)
+    scores = scoring.rouge(hyps, refs, eval_set.rouge_recall_bytes)
+    return scoring.format_rouge(scores, eval_set.rouge_recall_bytes)
+
+
+def show_examples(hyp_file: Path, src_file: Path, ref_file: Path, n: int = 3) -> None:
+    hyps, srcs, refs = (text.read_lines(p)[:n] for p in (hyp_file, src_file, ref_file))
+    for s, h, r in zip(srcs, hyps, refs):
+        print(f"   source:    {s}\n   output:    {h}\n   reference: {r}")

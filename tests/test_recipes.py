@@ -1,0 +1,367 @@
+"""The task recipes (examples/<task>/run.py), every stage run offline on a tiny generated corpus.
+
+Each recipe runs end to end as a user runs it, as a subprocess: its data from local files (``--raw-dir``) or from
+fake archives laid out like the real downloads and fetched through ``--mirror file://...``; sentencepiece;
+fairseq-preprocess; fairseq-train of a tiny model (the recipe's preset, shrunk by flags) for two epochs; checkpoint
+averaging; fairseq-generate with beam 5; scoring. The helpers of examples/recipes are also tested directly.
+"""
+
+import gzip
+import io
+import os
+import re
+import shlex
+import subprocess
+import sys
+import tarfile
+from pathlib import Path
+
+import pytest
+import torch
+from cli_helpers import REPO_ROOT, random_sentence, translate
+
+sys.path.insert(0, str(REPO_ROOT / "examples"))
+
+from recipes import scoring, text  # noqa: E402
+from recipes.average_checkpoints import average_checkpoints, last_epoch_checkpoints  # noqa: E402
+from recipes.download import sgm_segments, split_train_valid  # noqa: E402
+
+SIZES = {"train": 300, "valid": 20, "test": 20}
+TINY = [
+    "--encoder-layers", "[(32, 3)] * 2", "--decoder-layers", "[(32, 3)] * 2",
+    "--encoder-embed-dim", "32", "--decoder-embed-dim", "32", "--decoder-out-embed-dim", "32",
+    "--max-epoch", "2", "--max-tokens", "2000", "--num-workers", "0", "--log-interval", "1000",
+    # keep valid sets of fewer than 8 pairs (WMT's every-100th split of 300 pairs has 3); fairseq drops them else
+    "--required-batch-size-multiple", "1",
+]  # fmt: skip
+# room for DUC's minimum length of 14 pieces, and a cap on an untrained model's output
+GENERATE = ["--max-len-a", "1", "--max-len-b", "20", "--num-workers", "0"]
+SIGNATURE = re.compile(r"sacrebleu signature: nrefs:1\|case:mixed\|eff:no\|tok:13a\|smooth:exp\|version:[\d.]+")
+BLEU_LINE = re.compile(r"^BLEU = ([\d.]+) ", re.MULTILINE)
+ROUGE_LINE = re.compile(r"ROUGE-1 = ([\d.]+)  ROUGE-2 = ([\d.]+)  ROUGE-L = ([\d.]+)")
+
+
+@pytest.fixture(scope="module")
+def corpus():
+    """The shared tiny corpus: {split: [(source sentence, target sentence)]}, "s<i>" words to reversed "t<i>"."""
+    import random
+
+    rng = random.Random(3)
+    pairs = {}
+    for split, n in SIZES.items():
+        sources = [random_sentence(rng) for _ in range(n)]
+        pairs[split] = [(" ".join(s), " ".join(translate(s))) for s in sources]
+    return pairs
+
+
+def write(path: Path, lines, compress: bool = False) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    data = "".join(line + "\n" for line in lines).encode("utf-8")
+    if compress:
+        path = path.with_name(path.name + ".gz")
+        data = gzip.compress(data)
+    path.write_bytes(data)
+
+
+def make_tar(path: Path, files: dict) -> None:
+    """An archive holding ``files`` ({name inside: text}), gzipped when its name ends in .tgz/.tar.gz."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    mode = "w" if path.name.endswith(".tar") else "w:gz"
+    with tarfile.open(path, mode) as tar:
+        for name, content in files.items():
+            data = content.encode("utf-8")
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+
+
+class RecipeRun:
+    """One recipe's command, started in the background; :meth:`result` waits for it and checks it succeeded."""
+
+    def __init__(self, task: str, out: Path, *args: str):
+        self.task, self.out = task, out
+        out.mkdir(parents=True)
+        self.cmd = [
+            sys.executable, str(REPO_ROOT / "examples" / task / "run.py"), "--out", str(out), "--vocab-size", "40",
+            "--workers", "1", "--average-last", "2",
+            "--train-args", shlex.join(TINY), "--generate-args", shlex.join(GENERATE), *args,
+        ]  # fmt: skip
+        self.log = out / "console.txt"
+        with open(self.log, "w") as log:
+            # one thread each: the four runs share the machine's cores instead of fighting over them
+            env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+            self.proc = subprocess.Popen(self.cmd, stdout=log, stderr=subprocess.STDOUT, cwd=out, env=env)
+
+    def result(self) -> str:
+        """The run's console output, once it has finished with exit code 0."""
+        try:
+            self.proc.wait(timeout=900)
+        finally:
+            if self.proc.poll() is None:
+                self.proc.kill()
+        output = self.log.read_text()
+        assert self.proc.returncode == 0, f"{self.task} failed (exit {self.proc.returncode}):\n{output[-6000:]}"
+        return output
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory, corpus):
+    """The four recipes on the shared corpus, started together (most of their time is single-threaded start-up
+    of fairseq's tools, so two cores run them in about half the time one after the other would take)."""
+    root = tmp_path_factory.mktemp("recipes")
+    started = {
+        "multi30k": start_multi30k(root / "multi30k", corpus),
+        "wmt14_en_de": start_wmt14_en_de(root / "wmt14_en_de", corpus),
+        "wmt14_en_fr": start_wmt14_en_fr(root / "wmt14_en_fr", corpus),
+        "gigaword": start_gigaword(root / "gigaword", corpus),
+    }
+    yield started
+    for run in started.values():
+        if run.proc.poll() is None:
+            run.proc.kill()
+
+
+def lines(path: Path):
+    return path.read_text(encoding="utf-8").splitlines()
+
+
+def check_common_stages(out: Path, src: str, tgt: str, n_test: int, tag: str = "test.avg") -> None:
+    """The outputs every recipe leaves, stage by stage."""
+    for split in ("train", "valid", "test"):
+        for lang in (src, tgt):
+            assert (out / "raw" / f"{split}.{lang}").exists()
+    assert len(lines(out / "raw" / f"test.{tgt}")) == n_test
+    assert (out / "spm" / "spm.model").exists() and len(lines(out / "spm" / f"train.{src}")) > 0
+    assert (out / "data-bin" / f"dict.{tgt}.txt").exists()
+    assert (out / "data-bin" / f"train.{src}-{tgt}.{src}.bin").exists()
+    ckpt = out / "checkpoints"
+    assert (ckpt / "checkpoint1.pt").exists() and (ckpt / "checkpoint2.pt").exists()
+    assert (ckpt / "checkpoint_avg.pt").exists()
+    assert "D-0\t" in (out / f"generate-{tag}.txt").read_text()
+    assert len(lines(out / f"{tag}.hyp")) == n_test  # no test sentence dropped
+
+
+# ---- multi30k: local files -----------------------------------------------------------------------------------
+
+
+def start_multi30k(root: Path, corpus) -> RecipeRun:
+    raw = root / "raw-files"
+    for split, prefix in (("train", "train"), ("valid", "val"), ("test", "test_2016_flickr")):
+        write(raw / f"{prefix}.en", [s for s, _ in corpus[split]], compress=split == "train")
+        write(raw / f"{prefix}.de", [t for _, t in corpus[split]], compress=split == "train")
+    return RecipeRun("multi30k", root / "out", "--raw-dir", str(raw))
+
+
+def test_multi30k_local_files(runs, corpus):
+    """Multi30k's own file names (val, test_2016_flickr; gzipped as on GitHub), averaging, BLEU, stage skipping."""
+    run = runs["multi30k"]
+    output = run.result()
+    out = run.out
+    check_common_stages(out, "en", "de", SIZES["test"])
+    assert lines(out / "raw" / "train.en")[0] == corpus["train"][0][0]  # read from the .gz
+
+    # the averaged model is the element-wise mean of the last two epochs
+    avg = torch.load(out / "checkpoints" / "checkpoint_avg.pt", weights_only=False)["model"]
+    one, two = (torch.load(out / "checkpoints" / f"checkpoint{e}.pt", weights_only=False)["model"] for e in (1, 2))
+    for key, value in avg.items():
+        if value.is_floating_point():
+            torch.testing.assert_close(value, (one[key] + two[key]) / 2)
+    assert any(not torch.equal(one[k], two[k]) for k in one)  # training moved the weights: a real average
+
+    # the score is sacrebleu's on the untokenized references, with its signature
+    report = (out / "score-test.avg.txt").read_text()
+    assert SIGNATURE.search(report), report
+    expected = scoring.bleu(lines(out / "test.avg.hyp"), [[t for _, t in corpus["test"]]])
+    assert report.strip() == expected
+    assert "== results" in output and "test (checkpoint_avg.pt): BLEU = " in output
+
+    # a second run finds every stage done and runs nothing
+    again = subprocess.run(run.cmd, capture_output=True, text=True, timeout=120, cwd=out)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert again.stdout.count("already done") == 7, again.stdout
+    assert "\n$ " not in again.stdout
+    assert report.strip() in again.stdout
+
+
+# ---- wmt14_en_de: the download path ---------------------------------------------------------------------------
+
+
+def start_wmt14_en_de(root: Path, corpus) -> RecipeRun:
+    mirror = root / "mirror"
+    train = corpus["train"]
+    parts = {  # archive -> corpus stem inside it; the three corpora are concatenated in this order
+        "training-parallel-europarl-v7.tgz": ("training/europarl-v7.de-en", train[:100]),
+        "training-parallel-commoncrawl.tgz": ("commoncrawl.de-en", train[100:200]),
+        "training-parallel-nc-v9.tgz": ("training/news-commentary-v9.de-en", train[200:]),
+    }
+    for archive, (stem, pairs) in parts.items():
+        files = {f"{stem}.en": "".join(s + "\n" for s, _ in pairs), f"{stem}.de": "".join(t + "\n" for _, t in pairs)}
+        make_tar(mirror / archive, files)
+
+    def sgm(side):
+        segs = "".join(f'<seg id="{i + 1}">{pair[side]} &amp; </seg>\n' for i, pair in enumerate(corpus["test"]))
+        return f'<srcset setid="newstest2014">\n<doc docid="x">\n{segs}</doc>\n</srcset>\n'
+
+    make_tar(
+        mirror / "test-full.tgz",
+        {"test-full/newstest2014-deen-src.en.sgm": sgm(0), "test-full/newstest2014-deen-ref.de.sgm": sgm(1)},
+    )
+    return RecipeRun("wmt14_en_de", root / "out", "--mirror", mirror.as_uri())
+
+
+def test_wmt14_en_de_from_archives(runs, corpus):
+    """The download path: statmt.org-shaped .tgz archives through --mirror, every 100th pair held out as valid,
+    newstest2014 read from its .sgm files as sacrebleu reads them."""
+    run = runs["wmt14_en_de"]
+    run.result()
+    out, train = run.out, corpus["train"]
+    prepared = out / "download" / "prepared"
+    assert lines(prepared / "valid.en") == [train[i - 1][0] for i in (100, 200, 300)]
+    assert len(lines(prepared / "train.de")) == len(train) - 3
+    assert lines(out / "raw" / "test.de")[0] == corpus["test"][0][1] + " &amp;"  # entities kept, as in sacrebleu
+    check_common_stages(out, "en", "de", SIZES["test"])
+    assert SIGNATURE.search((out / "score-test.avg.txt").read_text())
+
+
+# ---- wmt14_en_fr: local files, the other direction -------------------------------------------------------------
+
+
+def start_wmt14_en_fr(root: Path, corpus) -> RecipeRun:
+    raw = root / "raw-files"
+    for split, pairs in corpus.items():
+        write(raw / f"{split}.en", [s for s, _ in pairs])
+        write(raw / f"{split}.fr", [t for _, t in pairs])
+    return RecipeRun("wmt14_en_fr", root / "out", "--raw-dir", str(raw), "--source-lang", "fr")
+
+
+def test_wmt14_en_fr_local_files_reverse_direction(runs, corpus):
+    """Local {train,valid,test}.{en,fr} and the other direction (fr to en), scored against the English side."""
+    run = runs["wmt14_en_fr"]
+    output = run.result()
+    check_common_stages(run.out, "fr", "en", SIZES["test"])
+    assert "--arch convs2s_wmt_en_fr" in output
+    expected = scoring.bleu(lines(run.out / "test.avg.hyp"), [[s for s, _ in corpus["test"]]])
+    assert (run.out / "score-test.avg.txt").read_text().strip() == expected
+
+
+# ---- gigaword: ROUGE, DUC ---------------------------------------------------------------------------------------
+
+
+def start_gigaword(root: Path, corpus) -> RecipeRun:
+    mirror = root / "mirror"
+    files = {}
+    for split, prefix in (("train", "train"), ("valid", "dev"), ("test", "test")):
+        unk = "<unk>" if split != "test" else "UNK"
+        files[f"org_data/{prefix}.src.txt"] = "".join(f"{s} {unk}\n" for s, _ in corpus[split])
+        files[f"org_data/{prefix}.tgt.txt"] = "".join(t + "\n" for _, t in corpus[split])
+    make_tar(mirror / "gigaword.tar.gz", files)
+    duc = root / "duc"
+    write(duc / "input.txt", [s for s, _ in corpus["test"][:8]])
+    refs = [duc / f"task1_ref{k}.txt" for k in range(4)]
+    for k, path in enumerate(refs):
+        write(path, [t if k % 2 == 0 else t.upper() for _, t in corpus["test"][:8]])
+    return RecipeRun(
+        "gigaword", root / "out", "--mirror", mirror.as_uri(), "--duc-source", str(duc / "input.txt"),
+        "--duc-refs", *map(str, refs),
+    )  # fmt: skip
+
+
+def test_gigaword_with_duc(runs):
+    """The harvardnlp archive layout through --mirror, <unk> unified to UNK, ROUGE F1 on the test set, and a
+    DUC-style set: four references, at least 14 output pieces, recall on the first 75 bytes."""
+    run = runs["gigaword"]
+    output = run.result()
+    out = run.out
+    check_common_stages(out, "src", "tgt", SIZES["test"])
+    assert lines(out / "raw" / "train.src")[0].endswith(" UNK")  # one spelling of the unknown word everywhere
+
+    report = (out / "score-test.avg.txt").read_text()
+    assert "(F1;" in report
+    assert all(0 <= float(x) <= 100 for x in ROUGE_LINE.search(report).groups())
+
+    duc_report = (out / "score-duc2004.avg.txt").read_text()
+    assert "recall, hypotheses cut to 75 bytes" in duc_report and ROUGE_LINE.search(duc_report)
+    assert len(list((out / "raw").glob("duc2004.tgt*"))) == 4  # the first reference and three more
+    assert len(lines(out / "duc2004.avg.hyp")) == 8
+    # --min-len 14: every output has at least 14 pieces before its end of sentence (a P- line scores each piece
+    # and the end of sentence)
+    generated = (out / "generate-duc2004.avg.txt").read_text()
+    pieces = [len(line.split("\t")[1].split()) - 1 for line in generated.splitlines() if line.startswith("P-")]
+    assert len(pieces) == 8 and min(pieces) >= 14, pieces
+    assert "ROUGE-1/2/L 35.88/17.48/33.29" in output  # the paper's numbers, printed for comparison
+
+
+# ---- the helpers, in-process -----------------------------------------------------------------------------------
+
+
+def test_rouge_recall_counts_only_the_first_75_bytes():
+    ref = "alpha beta gamma"
+    padding = " ".join(["x"] * 40)  # 79 bytes that match nothing
+    assert scoring.rouge([f"{ref} {padding}"], [[ref]], recall_bytes=75)["rouge1"] == pytest.approx(100)
+    assert scoring.rouge([f"{padding} {ref}"], [[ref]], recall_bytes=75)["rouge1"] == pytest.approx(0)
+    # without the cut, F1 punishes the padding either way
+    assert scoring.rouge([f"{padding} {ref}"], [[ref]])["rouge1"] == pytest.approx(100 * 2 * 3 / 43 / (1 + 3 / 43))
+    assert scoring.truncate_bytes("äää", 3) == "ä"  # never half a character
+
+
+def test_rouge_recall_averages_over_references():
+    scores = scoring.rouge(["a b"], [["a b"], ["c d"]], recall_bytes=75)
+    assert scores["rouge1"] == pytest.approx(50)
+
+
+def test_length_and_ratio_filter():
+    assert text.keep_pair(10, 15, max_tokens=250, max_ratio=1.5)
+    assert not text.keep_pair(10, 16, max_tokens=250, max_ratio=1.5)
+    assert text.keep_pair(10, 16, max_tokens=250, max_ratio=None)
+    assert not text.keep_pair(0, 3, max_tokens=250, max_ratio=None)
+    assert not text.keep_pair(251, 251, max_tokens=250, max_ratio=1.5)
+
+
+def test_misaligned_corpus_is_an_error(tmp_path):
+    write(tmp_path / "a", ["x", "y"])
+    write(tmp_path / "b", ["x"])
+    with pytest.raises(ValueError, match="different numbers of lines"):
+        list(text.read_pairs(tmp_path / "a", tmp_path / "b"))
+
+
+def test_normalize():
+    assert text.normalize("  a\u200b\tb \x07 c  ") == "a b c"
+
+
+def test_sgm_segments(tmp_path):
+    (tmp_path / "x.sgm").write_text('<doc>\n<seg id="1"> A  b &quot;c&quot; </seg>\n<p>\n<seg id="2">d</seg>\n</doc>\n')
+    assert list(sgm_segments(tmp_path / "x.sgm")) == ["A b &quot;c&quot;", "d"]
+
+
+def test_split_train_valid(tmp_path):
+    write(tmp_path / "c1.en", [f"e{i}" for i in range(5)])
+    write(tmp_path / "c1.de", [f"d{i}" for i in range(5)])
+    write(tmp_path / "c2.en", [f"e{i}" for i in range(5, 7)], compress=True)
+    write(tmp_path / "c2.de", [f"d{i}" for i in range(5, 7)], compress=True)
+    corpora = [(tmp_path / "c1.en", tmp_path / "c1.de"), (tmp_path / "c2.en.gz", tmp_path / "c2.de.gz")]
+    assert split_train_valid(corpora, tmp_path / "out", ("en", "de"), valid_every=3) == (5, 2)
+    assert lines(tmp_path / "out" / "valid.de") == ["d2", "d5"]
+    assert lines(tmp_path / "out" / "train.en") == ["e0", "e1", "e3", "e4", "e6"]
+
+
+def test_average_checkpoints_keeps_dtypes_and_the_newest_state(tmp_path):
+    for epoch, value in ((1, 1.0), (2, 2.0), (3, 6.0)):
+        state = {
+            "model": {
+                "w": torch.full((2,), value),
+                "h": torch.full((2,), value, dtype=torch.float16),
+                "steps": torch.tensor([epoch]),
+            },
+            "extra_state": {"epoch": epoch},
+        }
+        torch.save(state, tmp_path / f"checkpoint{epoch}.pt")
+    (tmp_path / "checkpoint_best.pt").write_bytes(b"not an epoch checkpoint")
+    inputs = last_epoch_checkpoints(tmp_path, 2)
+    assert [p.name for p in inputs] == ["checkpoint2.pt", "checkpoint3.pt"]
+    averaged = average_checkpoints(inputs)
+    assert torch.equal(averaged["model"]["w"], torch.full((2,), 4.0))
+    assert averaged["model"]["h"].dtype == torch.float16 and torch.equal(
+        averaged["model"]["h"].float(), torch.full((2,), 4.0)
+    )
+    assert torch.equal(averaged["model"]["steps"], torch.tensor([3]))  # integers: the newest
+    assert averaged["extra_state"] == {"epoch": 3}
