@@ -1,5 +1,6 @@
 """Bad input that tests/test_cli.py does not cover: bytes that are not UTF-8, a checkpoint of another model, a
-missing ``--user-dir``, a source cut to the position table on request, and NaN losses under bf16 / fp16.
+missing ``--user-dir`` (the plugin loads itself and names the flag), a source cut to the position table on
+request, and NaN losses under bf16 / fp16.
 
 Each test runs the real command-line tool and asserts on what the user reads. Where the message is fairseq's or
 torch's and a plugin cannot change it, the test pins it down so that the README's description stays true.
@@ -156,19 +157,29 @@ def test_another_models_checkpoint(trained, tmp_path):
 # ---- a missing --user-dir --------------------------------------------------------------------------------------
 
 
-def test_missing_user_dir_fails_in_torch_load(trained):
-    """Without --user-dir nothing of the plugin runs, so no message of its own is possible: under torch >= 2.6
-    stock fairseq-generate fails inside torch.load, on the argparse.Namespace every fairseq 0.12 checkpoint holds
-    (the plugin's import allow-lists it), before it ever reads the model's name. The checkpoint does record the
-    plugin directory (cfg.common.user_dir), but fairseq's loader never imports it."""
+def test_missing_user_dir_loads_the_plugin_and_names_the_flag(trained):
+    """fairseq-generate without --user-dir on a convs2s checkpoint: the installed package's start-up hook
+    (``fairseq_convs2s_autoload.pth``) sees the convs2s arch in the checkpoint, loads the plugin and warns naming
+    the --user-dir to add; the translations are those of a run with --user-dir. With the hook switched off,
+    stock fairseq fails inside torch.load on the argparse.Namespace that every fairseq 0.12 checkpoint holds (the
+    plugin allow-lists it), a message that does not say what to add."""
     folder = trained.folder
-    cmd = [sys.executable, "-m", "fairseq_cli.generate", "bin", "--path", trained.convs2s, "--cpu"]
-    proc = subprocess.run(cmd, cwd=folder, capture_output=True, text=True, timeout=300)
-    assert proc.returncode != 0, tail(proc)
-    assert "Unsupported global: GLOBAL argparse.Namespace" in proc.stderr, tail(proc)
-    assert "H-" not in proc.stdout
-    state = load_checkpoint(folder / trained.convs2s)
-    assert state["cfg"]["common"]["user_dir"] == str(PLUGIN_DIR)
+    with_flag = generate(folder, "bin", trained.convs2s, "--gen-subset", "train")
+    args = ["bin", "--path", trained.convs2s, "--cpu", "--beam", "5", "--batch-size", "16"]
+    args += ["--required-batch-size-multiple", "1", "--gen-subset", "train"]
+    without = check_ok(run_cli("generate", args, cwd=folder))
+    warning = "is a fairseq-convs2s checkpoint (arch convs2s_iwslt_de_en) but the plugin was not loaded"
+    assert warning in without.stderr + without.stdout, tail(without)
+    assert f"Add --user-dir {PLUGIN_DIR} to the command" in without.stderr + without.stdout, tail(without)
+    assert hypothesis_lines(without.stdout)["H"] == hypothesis_lines(with_flag.stdout)["H"]
+    assert len(hypothesis_lines(without.stdout)["H"]) == 200
+
+    cmd = [sys.executable, "-m", "fairseq_cli.generate", *args]
+    env = {**os.environ, "FAIRSEQ_CONVS2S_NO_AUTOLOAD": "1"}
+    off = subprocess.run(cmd, cwd=folder, capture_output=True, text=True, timeout=300, env=env)
+    assert off.returncode != 0, tail(off)
+    assert "Unsupported global: GLOBAL argparse.Namespace" in off.stderr, tail(off)
+    assert "H-" not in off.stdout
 
 
 # ---- NaN / inf losses under bf16 and fp16 ----------------------------------------------------------------------

@@ -1,0 +1,127 @@
+"""Loads the fairseq-convs2s plugin when fairseq reads a convs2s checkpoint without it (a missing ``--user-dir``).
+
+Installing fairseq-convs2s puts ``fairseq_convs2s_autoload.pth`` into site-packages; Python runs its one line at
+start-up, which imports this module. It imports nothing but the standard library and only watches for
+``fairseq.checkpoint_utils`` being imported; then it wraps ``load_checkpoint_to_cpu``, the function through which
+fairseq-generate, fairseq-interactive, fairseq-validate, ``--restore-file`` and ``from_pretrained`` read a
+checkpoint. When the plugin has not been imported and the checkpoint names a convs2s arch, it imports the plugin
+(registering the model, and letting torch >= 2.6 read the ``argparse.Namespace`` inside every fairseq checkpoint)
+and logs a warning that names the flag that was missing. Without this, fairseq fails inside ``torch.load`` with
+"Unsupported global: GLOBAL argparse.Namespace", or on torch < 2.6 with an unknown arch, and neither says what
+to add.
+
+The arch is found by reading the checkpoint's pickle opcodes (``pickletools``), which executes nothing.
+``FAIRSEQ_CONVS2S_NO_AUTOLOAD=1`` switches the hook off.
+"""
+
+import functools
+import importlib.abc
+import logging
+import os
+import pickletools
+import sys
+import zipfile
+from typing import Optional
+
+# the archs fairseq_convs2s registers (tests/test_autoload.py keeps this list equal to the registry)
+CONVS2S_ARCHS = frozenset(
+    {
+        "convs2s",
+        "convs2s_iwslt_de_en",
+        "convs2s_wmt_en_ro",
+        "convs2s_wmt_en_de",
+        "convs2s_wmt_en_fr",
+        "convs2s_gigaword",
+    }
+)
+WATCHED = "fairseq.checkpoint_utils"
+PLUGIN = "fairseq_convs2s"
+
+logger = logging.getLogger("fairseq_convs2s.autoload")
+
+
+def checkpoint_arch(path) -> Optional[str]:
+    """The convs2s arch (the preset) named in the checkpoint at ``path`` (a ``torch.save`` zip archive), or None:
+    not such a checkpoint, not a readable zip, or not a local file. Reads the pickle's opcodes; runs none of them."""
+    try:
+        with zipfile.ZipFile(path) as archive:
+            name = next(n for n in archive.namelist() if n == "data.pkl" or n.endswith("/data.pkl"))
+            data = archive.read(name)
+        found = {
+            arg for _opcode, arg, _pos in pickletools.genops(data) if isinstance(arg, str) and arg in CONVS2S_ARCHS
+        }
+    except Exception:  # whatever the file is, fairseq's own loader reports on it
+        return None
+    # the model's name "convs2s" sits beside the preset's name (cfg.model._name and cfg.model.arch): name the preset
+    return min(found, key=lambda arch: (arch == "convs2s", arch)) if found else None
+
+
+def missing_user_dir_message(path, arch: str) -> str:
+    plugin_dir = os.path.join(os.path.dirname(os.path.abspath(__file__)), PLUGIN)
+    return (
+        f"{path} is a fairseq-convs2s checkpoint (arch {arch}) but the plugin was not loaded: loading it now. "
+        f"Add --user-dir {plugin_dir} to the command (in Python: import fairseq_convs2s) to load it yourself"
+    )
+
+
+def wrap_load_checkpoint(module) -> None:
+    """Replace ``module.load_checkpoint_to_cpu`` (``fairseq.checkpoint_utils``) by one that imports the plugin
+    first when a convs2s checkpoint is read without it."""
+    original = module.load_checkpoint_to_cpu
+    if getattr(original, "_convs2s_autoload", False):
+        return
+
+    @functools.wraps(original)
+    def load_checkpoint_to_cpu(path, *args, **kwargs):
+        if PLUGIN not in sys.modules:
+            arch = checkpoint_arch(path)
+            if arch is not None:
+                logger.warning(missing_user_dir_message(path, arch))
+                __import__(PLUGIN)
+        return original(path, *args, **kwargs)
+
+    load_checkpoint_to_cpu._convs2s_autoload = True
+    module.load_checkpoint_to_cpu = load_checkpoint_to_cpu
+
+
+class _AfterImportFinder(importlib.abc.MetaPathFinder):
+    """Finds nothing itself; for ``fairseq.checkpoint_utils`` it lets the other finders find the module and runs
+    :func:`wrap_load_checkpoint` once the module has executed."""
+
+    def find_spec(self, fullname, path, target=None):
+        if fullname != WATCHED:
+            return None
+        for finder in sys.meta_path:
+            if finder is self or not hasattr(finder, "find_spec"):
+                continue
+            spec = finder.find_spec(fullname, path, target)
+            if spec is not None:
+                break
+        else:
+            return None
+        loader = spec.loader
+        if loader is None or not hasattr(loader, "exec_module"):
+            return spec
+        exec_module = loader.exec_module
+
+        def exec_then_wrap(module):
+            exec_module(module)
+            try:
+                wrap_load_checkpoint(module)
+            except Exception:  # never break fairseq's import over a convenience
+                logger.debug("could not wrap %s.load_checkpoint_to_cpu", WATCHED, exc_info=True)
+
+        loader.exec_module = exec_then_wrap
+        return spec
+
+
+def install() -> None:
+    """Called by the .pth at start-up; a no-op when switched off or already installed."""
+    if os.environ.get("FAIRSEQ_CONVS2S_NO_AUTOLOAD"):
+        return
+    if any(isinstance(f, _AfterImportFinder) for f in sys.meta_path):
+        return
+    if WATCHED in sys.modules:  # imported before this ran (not at start-up): wrap it directly
+        wrap_load_checkpoint(sys.modules[WATCHED])
+        return
+    sys.meta_path.insert(0, _AfterImportFinder())
