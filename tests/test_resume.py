@@ -88,6 +88,7 @@ def test_killed_run_resumes_from_its_last_checkpoint_and_ends_where_an_uninterru
     assert last == max(interval_updates) and last % INTERVAL == 0 and last > 0, (sorted(states), last)
     assert states["checkpoint_last.pt"]["extra_state"]["train_iterator"]["iterations_in_epoch"] == last  # epoch 1
     assert seen - last <= INTERVAL, f"logged update {seen} before the kill, resumable from {last}"
+    print(f"[figure] SIGKILL after update {seen}: {len(states)} checkpoints on disk all load, resumed from {last}")
 
     resumed = check_ok(run_launcher(folder, "bin", "killed", *FLAGS))  # the same command again
     resumed_log = resumed.stdout + resumed.stderr
@@ -101,7 +102,9 @@ def test_killed_run_resumes_from_its_last_checkpoint_and_ends_where_an_uninterru
     b = load_checkpoint(folder / "straight/checkpoint_last.pt")
     assert checkpoint_updates(a) == checkpoint_updates(b) == UPDATES
     # measured: 0.0, bit for bit (the same operations on the same batches in the same order)
-    assert max_param_difference(a, b) == 0.0
+    difference = max_param_difference(a, b)
+    print(f"[figure] killed + resumed vs uninterrupted, {UPDATES} updates: max |param difference| {difference}")
+    assert difference == 0.0
     # the logged losses after the restart are the uninterrupted run's
     straight_losses = {int(r["num_updates"]): r["loss"] for r in update_records(straight.stdout)}
     assert all(r["loss"] == straight_losses[int(r["num_updates"])] for r in update_records(resumed_log))
