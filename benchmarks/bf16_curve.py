@@ -1,0 +1,84 @@
+"""bf16 against fp32 training on a CPU, on real data: words/s and the loss curve, same seed, same batches.
+
+    python -m benchmarks.bf16_curve DATA_BIN [--updates 200] [--arch convs2s_iwslt_de_en] [--out DIR]
+
+Trains the same model twice from the same initialization with ``python -m fairseq_convs2s.train`` (stock
+fairseq-train cannot run ``--bf16`` on a CPU), once in fp32 and once with ``--bf16``, then scores both final
+checkpoints with ``fairseq-validate`` in fp32 on the valid set. Prints, and writes as JSON: the median words/s
+of the logged intervals (the first one, warm-up, left out), the training loss every ``--log-interval`` updates
+side by side, and the two validation losses. DATA_BIN is a ``fairseq-preprocess`` folder, e.g. the Multi30k
+recipe's ``outputs/multi30k/data-bin``.
+"""
+
+import argparse
+import json
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+USER_DIR = REPO / "fairseq_convs2s"
+_RECORD = re.compile(r"\| train_inner \| (\{.*\})\s*$")
+_VALID = re.compile(r"\| valid on '[^']*' subset \| loss ([0-9.]+) \| nll_loss ([0-9.]+)")
+
+
+def train(data: Path, save_dir: Path, args, precision: str):
+    cmd = [sys.executable, "-m", "fairseq_convs2s.train", str(data), "--user-dir", str(USER_DIR)]
+    cmd += ["--arch", args.arch, "--optimizer", "nag", "--momentum", "0.99", "--lr", "0.25", "--clip-norm", "0.1"]
+    cmd += ["--dropout", "0.2", "--criterion", "label_smoothed_cross_entropy", "--label-smoothing", "0.1"]
+    cmd += ["--max-tokens", "4000", "--max-update", str(args.updates), "--seed", "1", "--cpu"]
+    cmd += ["--disable-validation", "--no-epoch-checkpoints", "--save-dir", str(save_dir)]
+    cmd += ["--log-format", "json", "--log-interval", str(args.log_interval)]
+    cmd += ["--bf16"] if precision == "bf16" else []
+    print("$ " + " ".join(cmd[1:]), flush=True)
+    proc = subprocess.run(cmd, capture_output=True, text=True, check=True)
+    return [json.loads(m.group(1)) for m in map(_RECORD.search, proc.stdout.splitlines()) if m]
+
+
+def validate(data: Path, checkpoint: Path):
+    cmd = [sys.executable, "-m", "fairseq_cli.validate", str(data), "--user-dir", str(USER_DIR), "--cpu"]
+    cmd += ["--task", "translation"]  # fairseq-validate has no default task
+    cmd += ["--path", str(checkpoint), "--max-tokens", "4000", "--required-batch-size-multiple", "1"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, check=True)
+    match = _VALID.search(proc.stdout + proc.stderr)
+    return float(match.group(1)), float(match.group(2))
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("data", type=Path)
+    parser.add_argument("--updates", type=int, default=200)
+    parser.add_argument("--log-interval", type=int, default=20)
+    parser.add_argument("--arch", default="convs2s_iwslt_de_en")
+    parser.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results" / "bf16_curve.json")
+    args = parser.parse_args(argv)
+    results = {"data": str(args.data), "updates": args.updates, "arch": args.arch}
+    with tempfile.TemporaryDirectory() as checkpoints:  # the checkpoints are not kept
+        for precision in ("fp32", "bf16"):
+            save_dir = Path(checkpoints) / precision
+            records = train(args.data, save_dir, args, precision)
+            wps = [float(r["wps"]) for r in records[1:]]
+            results[precision] = {
+                "words_per_s": statistics.median(wps),
+                "loss": {int(r["num_updates"]): float(r["loss"]) for r in records},
+                "valid_loss_nll": validate(args.data, save_dir / "checkpoint_last.pt"),
+            }
+    fp32, bf16 = results["fp32"], results["bf16"]
+    results["speedup"] = bf16["words_per_s"] / fp32["words_per_s"]
+    print(f"\n{args.arch}, {args.updates} updates on {args.data}")
+    print(f"words/s: fp32 {fp32['words_per_s']:.0f}, bf16 {bf16['words_per_s']:.0f} = {results['speedup']:.2f}x")
+    print("update | train loss fp32 | train loss bf16")
+    for update in fp32["loss"]:
+        print(f"{update:6d} | {fp32['loss'][update]:15.3f} | {bf16['loss'].get(update, float('nan')):15.3f}")
+    for precision in ("fp32", "bf16"):
+        loss, nll = results[precision]["valid_loss_nll"]
+        print(f"valid after {args.updates} updates, {precision} model (scored in fp32): loss {loss:.3f}, nll {nll:.3f}")
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(results, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()
