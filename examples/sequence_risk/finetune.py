@@ -55,14 +55,14 @@ def checkpoint_model_flags(checkpoint: Path) -> List[str]:
 
 
 def subword_post_process(data: Path, target_lang: str) -> str:
-    """'sentencepiece', 'subword_nmt' or 'none', from the pieces in the target dictionary."""
-    for line in (data / f"dict.{target_lang}.txt").read_text(encoding="utf-8").splitlines():
-        symbol = line.split(" ")[0]
-        if symbol.startswith("\u2581"):
-            return "sentencepiece"
-        if symbol.endswith("@@") and len(symbol) > 2:
-            return "subword_nmt"
-    return "none"
+    """'sentencepiece', 'subword_nmt' or 'none', from the pieces in the target dictionary (the criterion's own
+    check, so the scores and the criterion's costs join sub-words the same way)."""
+    from fairseq.data import Dictionary
+
+    from fairseq_convs2s.criterions.sequence_risk import subword_marker
+
+    marker = subword_marker(Dictionary.load(str(data / f"dict.{target_lang}.txt")))
+    return marker[2] if marker is not None else "none"
 
 
 def language_pair(data: Path):

@@ -361,7 +361,7 @@ def _resolve_post_process(cost: SequenceCost, requested: Optional[str], task) ->
     task_choice = getattr(getattr(task, "cfg", None), "eval_bleu_remove_bpe", None)
     if task_choice:
         return task_choice
-    marker = _subword_marker(task.target_dictionary)
+    marker = subword_marker(task.target_dictionary)
     if cost.needs_text and marker is not None:
         kind, example, flag = marker
         raise ValueError(
@@ -372,7 +372,7 @@ def _resolve_post_process(cost: SequenceCost, requested: Optional[str], task) ->
     return None
 
 
-def _subword_marker(dictionary: Dictionary):
+def subword_marker(dictionary: Dictionary):
     """(kind, example symbol, --risk-post-process value) when the dictionary looks sentencepiece- or BPE-coded."""
     for symbol in dictionary.symbols[dictionary.nspecial :]:
         if symbol.startswith("\u2581"):
