@@ -109,12 +109,13 @@ def _setup_cpu_distributed(args, given) -> int:
     if args.distributed_no_spawn:  # one rank per command, as the user launched it (--distributed-rank R)
         return 0
     if args.distributed_init_method is None:
-        args.distributed_init_method = f"tcp://127.0.0.1:{_free_port()}"
+        args.distributed_init_method = f"tcp://127.0.0.1:{free_port()}"
     args.distributed_no_spawn = True  # each spawned process is one rank; fairseq must not spawn again
     return args.distributed_world_size
 
 
-def _free_port() -> int:
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on now (for a local --distributed-init-method)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]

@@ -5,7 +5,6 @@ sets, the costs, the start-up errors, and fairseq-train with the criterion, in o
 import json
 import math
 import re
-import socket
 import subprocess
 import sys
 from types import SimpleNamespace
@@ -13,13 +12,24 @@ from types import SimpleNamespace
 import pytest
 import torch
 import torch.nn.functional as F
-from cli_helpers import MODEL_FLAGS, OPTIM_FLAGS, PLUGIN_DIR, make_splits, preprocess, tail, train
+from cli_helpers import (
+    MODEL_FLAGS,
+    OPTIM_FLAGS,
+    PLUGIN_DIR,
+    load_checkpoint,
+    make_splits,
+    max_param_difference,
+    preprocess,
+    tail,
+    train,
+)
 from fairseq.criterions.label_smoothed_cross_entropy import LabelSmoothedCrossEntropyCriterion
 from fairseq.data import Dictionary, data_utils
 from utils import build_model, full_log_probs, make_dictionary, random_batch
 
 from fairseq_convs2s.criterions import SequenceRiskCriterion
 from fairseq_convs2s.criterions.costs import COSTS, edit_cost, sentence_bleu_cost
+from fairseq_convs2s.train import free_port
 
 EPS = 0.1
 
@@ -389,12 +399,6 @@ def _records(log: str, kind: str):
     return [json.loads(m.group(2)) for m in _RECORD.finditer(log) if m.group(1) == kind]
 
 
-def _parameters(path):
-    from fairseq import checkpoint_utils
-
-    return checkpoint_utils.load_checkpoint_to_cpu(str(path))["model"]
-
-
 @pytest.fixture(scope="module")
 def token_level(tmp_path_factory):
     """A token-level checkpoint of the CLI's small model: 1 epoch of label-smoothed training on 300 pairs."""
@@ -463,12 +467,6 @@ def test_bad_alpha_fails_at_start_up(token_level):
     assert not (token_level / "bad" / "checkpoint_last.pt").exists()
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_two_processes_equal_one_process_with_update_freq_two(finetuned):
     """Two fairseq-train processes (gloo, legacy_ddp, one per rank), each generating candidates for its own
     sentences, make the same updates as one process with --update-freq 2 (which sees the same two batches per
@@ -481,7 +479,7 @@ def test_two_processes_equal_one_process_with_update_freq_two(finetuned):
         # whose weights_only default (torch >= 2.6) refuses the DictConfig inside
         "--load-checkpoint-on-all-dp-ranks",
         "--ddp-backend", "legacy_ddp", "--distributed-backend", "gloo",
-        "--distributed-init-method", f"tcp://127.0.0.1:{_free_port()}", "--distributed-world-size", "2",
+        "--distributed-init-method", f"tcp://127.0.0.1:{free_port()}", "--distributed-world-size", "2",
         "--distributed-no-spawn", "--save-dir", "two", "--disable-validation",
     ]  # fmt: skip
     procs = [
@@ -513,13 +511,9 @@ def test_two_processes_equal_one_process_with_update_freq_two(finetuned):
     for a, b in zip(two_records, one_records):
         for key in ("loss", "token_loss", "risk", "top_cost", "bsz", "wpb"):
             assert a[key] == b[key], (key, a, b)
-    two_params, one_params = (
-        _parameters(folder / "two/checkpoint_last.pt"),
-        _parameters(folder / "one/checkpoint_last.pt"),
-    )
-    start = _parameters(folder / "token/checkpoint_last.pt")
-    moved = max((two_params[k].float() - start[k].float()).abs().max().item() for k in start)
-    differ = max((two_params[k].float() - one_params[k].float()).abs().max().item() for k in two_params)
+    two, one = load_checkpoint(folder / "two/checkpoint_last.pt"), load_checkpoint(folder / "one/checkpoint_last.pt")
+    moved = max_param_difference(two, load_checkpoint(folder / "token/checkpoint_last.pt"))
+    differ = max_param_difference(two, one)
     print(
         f"[figure] sequence_risk, 2 gloo ranks vs --update-freq 2: max |param difference| {differ:.1e}, "
         f"moved {moved:.1e}"
