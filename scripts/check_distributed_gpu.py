@@ -15,7 +15,6 @@ and bf16, whose saved weights are the half-precision model's (a one-ulp flip of 
 """
 
 import argparse
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -34,6 +33,8 @@ from cli_helpers import (  # noqa: E402
     preprocess,
     update_records,
 )
+
+from fairseq_convs2s.train import free_port  # noqa: E402
 
 TOLERANCE = {"fp32": 1e-5, "fp16": 1e-2, "bf16": 1e-2}
 
@@ -60,10 +61,7 @@ def two_ranks(precision: str, save_dir: str, updates: int):
     base = [*train_cmd(precision, save_dir, updates), "--ddp-backend", "pytorch_ddp", "--distributed-world-size", "2"]
     if torch.cuda.device_count() >= 2:
         return [base]  # fairseq spawns one process per GPU
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    shared = ["--distributed-init-method", f"tcp://127.0.0.1:{port}", "--distributed-backend", "gloo"]
+    shared = ["--distributed-init-method", f"tcp://127.0.0.1:{free_port()}", "--distributed-backend", "gloo"]
     shared += ["--distributed-no-spawn", "--device-id", "0"]
     return [[*base, *shared, "--distributed-rank", str(rank)] for rank in (0, 1)]
 
