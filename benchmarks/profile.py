@@ -1,0 +1,54 @@
+"""Where one model's time goes, operator by operator: ``torch.profiler`` over training updates or a generation run.
+
+``python -m benchmarks.profile [--impl convs2s|fconv] [--size iwslt|wmt_en_de] [--what train|generate]`` builds
+the pair of ``benchmarks.pair`` (same weights), warms up, then profiles ``--runs`` training updates (64 x 26
+target tokens, as the harness) or beam-5 generation runs (``--batch`` sentences a batch, 8 sentences), and
+prints the operators by self CPU time, per update or run. The profiler adds its own overhead, so the totals
+are above the harness's timings; the shares are what it is for.
+"""
+
+import argparse
+
+import torch
+
+from . import measure
+from .pair import SIZES, build_pair, make_dictionary
+
+
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--impl", choices=("convs2s", "fconv"), default="convs2s")
+    p.add_argument("--size", choices=sorted(SIZES), default="iwslt")
+    p.add_argument("--what", choices=("train", "generate"), default="train")
+    p.add_argument("--batch", type=int, default=1, help="sentences per generation batch")
+    p.add_argument("--runs", type=int, default=3)
+    p.add_argument("--rows", type=int, default=20)
+    args = p.parse_args(argv)
+    cpu = torch.device("cpu")
+    size = SIZES[args.size]
+    dictionary = make_dictionary(size.vocab)
+    fconv, convs2s = build_pair(size, dictionary, dropout=0.2 if args.what == "train" else 0.0)
+    model = convs2s if args.impl == "convs2s" else fconv
+    if args.what == "train":
+        sample = measure.train_sample(dictionary, 64, 25, cpu)
+        run = measure.TrainStep(model, sample, dictionary.pad())
+    else:
+        model.eval()
+        samples = measure.source_batches(dictionary, 8, 25, args.batch, cpu)
+        run, _ = measure.generator_fn(model, dictionary, samples, 5, 25)
+    run()  # warm-up
+    with torch.profiler.profile() as prof:
+        for _ in range(args.runs):
+            run()
+    events = prof.key_averages()
+    total_ms = sum(e.self_cpu_time_total for e in events) / 1e3 / args.runs
+    print(f"{args.impl}, {args.size} size, {args.what}: {total_ms:.0f} ms of self CPU time per run ({args.runs} runs)")
+    print("| operator | self CPU ms per run | share | calls per run |")
+    print("|---|---|---|---|")
+    for e in sorted(events, key=lambda e: -e.self_cpu_time_total)[: args.rows]:
+        ms = e.self_cpu_time_total / 1e3 / args.runs
+        print(f"| {e.key} | {ms:.1f} | {ms / total_ms:.1%} | {e.count / args.runs:.0f} |")
+
+
+if __name__ == "__main__":
+    main()
