@@ -63,7 +63,8 @@ def main(argv=None) -> None:
     print("|---|---|---|---|---|")
     for c_in, c_out in WIDTHS:
         forms = _forms(c_in, c_out)
-        flops = measure.count_flops(forms["conv_tbc"])  # the same products in every form
+        # the useful products, conv_tbc's count: conv1d and im2col also multiply the zero padding
+        flops = measure.count_flops(forms["conv_tbc"])
         times = measure.alternate(forms, args.repeats, warmup=3, device=torch.device("cpu"))
         cells = []
         for name in forms:
