@@ -2,8 +2,9 @@
 
 ``python -m benchmarks.ablations [--threads N]`` times beam-5 generation (batch 1 and 16) and a training update
 of the convs2s_iwslt_de_en size with, in turn:
-- ``no-fold-cache``: weight norm re-derived on every call at inference and multiplied as ``W``, as fconv does;
-- ``linear-on-W``: inference linears multiply by ``W`` (out x in) instead of the cached ``W^T``;
+- ``no-fold-cache``: weight norm re-derived on every call at inference and multiplied as ``W`` by MKL, as fconv
+  does;
+- ``mkl-linear``: inference products by MKL on the cached ``W^T`` instead of oneDNN on the packed ``W``;
 - ``unfused-weight-norm``: training weight norm as a norm, a division and two products instead of torch's kernel.
 Each variant is timed alternately with the unchanged model (medians); the ratio is what the optimization buys.
 """
@@ -23,23 +24,24 @@ from .pair import SIZES, build_pair, make_dictionary
 
 @contextlib.contextmanager
 def no_fold_cache():
-    original = weight_norm._WeightNorm._derived
+    original = weight_norm._WeightNorm._derived, weight_norm.inference_linear
     weight_norm._WeightNorm._derived = lambda self, name, compute: compute()
-    try:
-        with linear_on_w():  # re-deriving W^T as well would charge a transpose fconv never pays
-            yield
-    finally:
-        weight_norm._WeightNorm._derived = original
-
-
-@contextlib.contextmanager
-def linear_on_w():
-    original = weight_norm.WeightNormLinear.forward
-    weight_norm.WeightNormLinear.forward = lambda self, x: F.linear(x, self.weight, self.bias)
+    # re-deriving W^T or a packed W as well would charge a copy fconv never pays
+    weight_norm.inference_linear = lambda layer, name, weight, x, bias: F.linear(x, weight(), bias)
     try:
         yield
     finally:
-        weight_norm.WeightNormLinear.forward = original
+        weight_norm._WeightNorm._derived, weight_norm.inference_linear = original
+
+
+@contextlib.contextmanager
+def mkl_linear():
+    original = weight_norm.ONEDNN_MIN_MACS
+    weight_norm.ONEDNN_MIN_MACS = float("inf")
+    try:
+        yield
+    finally:
+        weight_norm.ONEDNN_MIN_MACS = original
 
 
 @contextlib.contextmanager
@@ -52,7 +54,7 @@ def unfused_weight_norm():
         weight_norm._WeightNorm._fold = original
 
 
-VARIANTS = {"no-fold-cache": no_fold_cache, "linear-on-W": linear_on_w, "unfused-weight-norm": unfused_weight_norm}
+VARIANTS = {"no-fold-cache": no_fold_cache, "mkl-linear": mkl_linear, "unfused-weight-norm": unfused_weight_norm}
 
 
 def main(argv=None) -> None:
@@ -73,7 +75,7 @@ def main(argv=None) -> None:
         model.eval()
         samples = measure.source_batches(dictionary, 16, 25, batch, cpu)
         run, _ = measure.generator_fn(model, dictionary, samples, 5, 25)
-        for name in ("no-fold-cache", "linear-on-W"):
+        for name in ("no-fold-cache", "mkl-linear"):
             _report(f"generate beam 5 batch {batch}", name, run, args.repeats)
     model.train()
     _report("train update (64 x 26 tokens)", "unfused-weight-norm", step, args.repeats)

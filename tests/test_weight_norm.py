@@ -1,8 +1,17 @@
 """Weight normalization and the folded-weight cache used while decoding."""
 
-import torch
+import copy
 
-from fairseq_convs2s.modules.weight_norm import WeightNormConvTBC, WeightNormLinear, start_inference_pass
+import pytest
+import torch
+import torch.nn.functional as F
+
+from fairseq_convs2s.modules.weight_norm import (
+    ONEDNN_MIN_MACS,
+    WeightNormConvTBC,
+    WeightNormLinear,
+    start_inference_pass,
+)
 
 
 def test_weight_is_g_times_direction():
@@ -61,3 +70,35 @@ def test_updates_through_param_data_are_seen_by_the_next_inference_pass():
         conv.weight_g.data.mul_(2.0)
         start_inference_pass()
         torch.testing.assert_close(conv.weight, before * 2.0)
+
+
+@pytest.mark.parametrize("rows", [1, 64])
+def test_inference_linear_equals_the_training_product(rows):
+    """At inference a linear goes through oneDNN with a packed weight (64 rows: 64 x 512 x 1024 multiply-adds,
+    over ONEDNN_MIN_MACS) or through MKL on the cached W^T (1 row: under); both give x W^T + b."""
+    layer = WeightNormLinear(512, 1024, std=0.05)
+    with torch.no_grad():
+        layer.bias.normal_()
+    x = torch.randn(rows, 512)
+    expected = F.linear(x, layer.weight, layer.bias)  # gradients on: the plain product
+    with torch.no_grad():
+        start_inference_pass()
+        torch.testing.assert_close(layer(x), expected, rtol=1e-4, atol=1e-4)
+    packed = rows * 512 * 1024 >= ONEDNN_MIN_MACS and torch.backends.mkldnn.is_available()
+    assert ("weight.onednn" in layer._inference_cache) == packed
+    assert ("weight.t" in layer._inference_cache) == (not packed)
+
+
+def test_packed_window_product_sees_parameter_updates_and_survives_deepcopy():
+    """The packed conv kernel is re-packed after an in-place update; a deep copy (EMA) drops the cache."""
+    conv = WeightNormConvTBC(256, 512, 3, std=0.05)
+    window = torch.randn(8, 3 * 256)  # 8 x 768 x 512 multiply-adds: the oneDNN path
+    with torch.no_grad():
+        conv.bias.normal_()
+        first = conv.forward_window(window)
+        torch.testing.assert_close(first, F.linear(window, conv.linearized_weight(), conv.bias), rtol=1e-4, atol=1e-4)
+        conv.weight_g.mul_(2.0)
+        torch.testing.assert_close(conv.forward_window(window), 2 * first - conv.bias, rtol=1e-4, atol=1e-4)
+        twin = copy.deepcopy(conv)
+        assert twin._inference_cache == {}
+        torch.testing.assert_close(twin.forward_window(window), conv.forward_window(window))

@@ -70,7 +70,7 @@ class ConvBlock(nn.Module):
                 window = x.new_zeros(bsz, self.kernel_size - 1, x.size(2))
             x = torch.cat([window, x], dim=1)  # B x k x in
             window = x[:, 1:]
-        y = F.linear(x.reshape(bsz, -1), self.conv.linearized_weight(), self.conv.bias)  # B x 2*out
+        y = self.conv.forward_window(x.reshape(bsz, -1))  # B x 2*out
         return F.glu(y, dim=1).unsqueeze(1), window  # B x 1 x out
 
     def add_residual(self, x: Tensor, outputs: List[Tensor]) -> Tensor:

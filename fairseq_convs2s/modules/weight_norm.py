@@ -9,6 +9,10 @@ Here, while gradients are off, ``w`` is folded once per *inference pass* and reu
 starts at each encoder forward (:func:`start_inference_pass`), so whatever changed the parameters between two
 batches is seen, including optimizers that write through ``p.data`` (fairseq's NAG does), which bumps no version
 counter. The cache key also holds the parameters' storage and version, for in-place edits within a pass.
+
+At inference the folded weights are multiplied through oneDNN with the weight packed once per pass into its
+blocked layout (:func:`inference_linear`); MKL's GEMM, what ``F.linear`` calls on the CPU, re-packs the weight
+on every call, which dominates the few rows of a beam-search step.
 """
 
 import math
@@ -19,6 +23,13 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 _inference_pass = 0
+
+
+# oneDNN's fixed cost per call (about 15-20 us here) is paid back from about a 512 x 512 weight and 2^20
+# multiply-adds (rows x in x out) up; below either MKL is faster (measured: python -m benchmarks.linear_forms)
+ONEDNN_MIN_WEIGHT = 1 << 18
+ONEDNN_MIN_MACS = 1 << 20
+_onednn_dtypes = {torch.float32, torch.bfloat16} if torch.backends.mkldnn.is_available() else set()
 
 
 def start_inference_pass() -> None:
@@ -39,6 +50,11 @@ class _WeightNorm(nn.Module):
         # g starts at ||v|| so that the initial weight equals v (as torch.nn.utils.weight_norm does)
         self.weight_g = nn.Parameter(self._norm(v.detach()).clone())
         self._inference_cache: Dict[str, Tuple[tuple, Tensor]] = {}
+
+    def __getstate__(self):
+        # copies and pickles (EMA, deepcopy) leave the cache behind: oneDNN's packed tensors have no storage
+        state = super().__getstate__()
+        return {**state, "_inference_cache": {}}
 
     def _norm(self, v: Tensor) -> Tensor:
         return torch.linalg.vector_norm(v, dim=self.norm_dims, keepdim=True)
@@ -86,11 +102,8 @@ class WeightNormLinear(_WeightNorm):
         # inference: x @ W^T with W^T folded once per pass into an in x out matrix. For the few rows of a
         # beam-search step the product is bound by reading the weight, and MKL reads W^T faster than W
         # (the vocabulary projection of a 5-hypothesis step: about 25% faster here).
-        out = torch.addmm(self.bias, x.reshape(-1, self.in_features), self._derived("transposed", self._fold_t))
+        out = inference_linear(self, "weight", self._fold, x.reshape(-1, self.in_features), self.bias)
         return out.view(*x.shape[:-1], self.out_features)
-
-    def _fold_t(self) -> Tensor:
-        return self._fold().t().contiguous()
 
     def extra_repr(self) -> str:
         return f"{self.in_features}, {self.out_features}"
@@ -123,8 +136,30 @@ class WeightNormConvTBC(_WeightNorm):
         # k x in x out -> out x k x in -> out x (k * in); the window is flattened time-major to match
         return self._derived("linearized", lambda: self._fold().permute(2, 0, 1).reshape(self.out_channels, -1))
 
+    def forward_window(self, window: Tensor) -> Tensor:
+        """The convolution at one position: window: B x (k * in), the last k inputs flattened time-major ->
+        B x out."""
+        if torch.is_grad_enabled():
+            return F.linear(window, self.linearized_weight(), self.bias)
+        return inference_linear(self, "linearized", self.linearized_weight, window, self.bias)
+
     def extra_repr(self) -> str:
         return f"{self.in_channels}, {self.out_channels}, kernel_size={self.kernel_size}"
+
+
+def inference_linear(layer: _WeightNorm, name: str, weight: Callable[[], Tensor], x: Tensor, bias: Tensor) -> Tensor:
+    """``x W^T + b`` while gradients are off, ``weight()`` giving ``W`` (out x in); x: N x in -> N x out.
+
+    Large enough products on the CPU go through oneDNN with ``W`` packed once per pass; the rest through MKL on
+    ``W^T`` folded once per pass (for a few rows MKL reads ``W^T`` faster than ``W``). Both caches live in
+    ``layer``'s inference cache under ``name``.
+    """
+    weight_size = x.size(1) * bias.size(0)
+    large = weight_size >= ONEDNN_MIN_WEIGHT and x.size(0) * weight_size >= ONEDNN_MIN_MACS
+    if large and x.device.type == "cpu" and x.dtype in _onednn_dtypes:
+        packed = layer._derived(name + ".onednn", lambda: torch.ops.mkldnn._reorder_linear_weight(weight(), None))
+        return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
+    return torch.addmm(bias, x, layer._derived(name + ".t", lambda: weight().t().contiguous()))
 
 
 def glu_input_std(fan_in: int, dropout: float) -> float:
