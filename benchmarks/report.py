@@ -41,9 +41,9 @@ def _limits(limits) -> List[str]:
     if not limits:
         return []
     parts = [
-        "**Where the time goes** (iwslt size, beam 5; seconds of one run; 'bound' is the speed-up convs2s "
-        "would reach were its decoder body free, since the vocabulary projection and fairseq's beam search cost "
-        "the same for any implementation):",
+        "**Where the time goes** (iwslt size, beam 5; seconds of one run, each part the median of 3 runs; 'bound' "
+        "is the speed-up convs2s would reach were its decoder body free, since the vocabulary projection and "
+        "fairseq's beam search cost the same for any implementation):",
         "",
     ]
     rows = []

@@ -102,3 +102,21 @@ def test_packed_window_product_sees_parameter_updates_and_survives_deepcopy():
         twin = copy.deepcopy(conv)
         assert twin._inference_cache == {}
         torch.testing.assert_close(twin.forward_window(window), conv.forward_window(window))
+
+
+def test_training_linear_through_onednn_has_the_gradients_of_f_linear():
+    """A large training product (64 x 512 x 1024) runs through oneDNN's autograd product; its output and the
+    gradients of x, g, v and b equal those of F.linear on the same weight."""
+    layer = WeightNormLinear(512, 1024, std=0.05)
+    x = torch.randn(4, 16, 512, requires_grad=True)
+    grad = torch.randn(4, 16, 1024)
+    out = layer(x)
+    if torch.backends.mkldnn.is_available():
+        assert out.grad_fn.next_functions[0][0].name().startswith("_OneDNNLinear")  # under the view
+    params = (x, layer.weight_g, layer.weight_v, layer.bias)
+    got = torch.autograd.grad(out, params, grad)
+    expected_out = F.linear(x, layer.weight, layer.bias)
+    expected = torch.autograd.grad(expected_out, params, grad)
+    torch.testing.assert_close(out, expected_out, rtol=1e-4, atol=1e-4)
+    for g, e in zip(got, expected):
+        torch.testing.assert_close(g, e, rtol=1e-4, atol=1e-4)

@@ -12,11 +12,12 @@ counter. The cache key also holds the parameters' storage and version, for in-pl
 
 At inference the folded weights are multiplied through oneDNN with the weight packed once per pass into its
 blocked layout (:func:`inference_linear`); MKL's GEMM, what ``F.linear`` calls on the CPU, re-packs the weight
-on every call, which dominates the few rows of a beam-search step.
+on every call, which dominates the few rows of a beam-search step. In training the large linears (the
+vocabulary projection above all) run through oneDNN too (:func:`training_linear`).
 """
 
 import math
-from typing import Callable, Dict, Tuple
+from typing import Callable, Dict, Optional, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -98,7 +99,8 @@ class WeightNormLinear(_WeightNorm):
     def forward(self, x: Tensor) -> Tensor:
         """x: ... x in -> ... x out."""
         if torch.is_grad_enabled():
-            return F.linear(x, self.weight, self.bias)
+            out = training_linear(x.reshape(-1, self.in_features), self.weight, self.bias)
+            return out.view(*x.shape[:-1], self.out_features)
         # inference: x @ W^T with W^T folded once per pass into an in x out matrix. For the few rows of a
         # beam-search step the product is bound by reading the weight, and MKL reads W^T faster than W
         # (the vocabulary projection of a 5-hypothesis step: about 25% faster here).
@@ -147,6 +149,18 @@ class WeightNormConvTBC(_WeightNorm):
         return f"{self.in_channels}, {self.out_channels}, kernel_size={self.kernel_size}"
 
 
+def _use_onednn(x: Tensor, out_features: int) -> bool:
+    """x: N x in. Large enough products on the CPU, in a dtype oneDNN takes."""
+    weight_size = x.size(1) * out_features
+    large = weight_size >= ONEDNN_MIN_WEIGHT and x.size(0) * weight_size >= ONEDNN_MIN_MACS
+    return large and x.device.type == "cpu" and x.dtype in _onednn_dtypes
+
+
+def _onednn_linear(x: Tensor, weight: Tensor, bias: Optional[Tensor]) -> Tensor:
+    """x W^T + b by oneDNN; weight: out x in, plain or packed by ``_reorder_linear_weight``."""
+    return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
+
+
 def inference_linear(layer: _WeightNorm, name: str, weight: Callable[[], Tensor], x: Tensor, bias: Tensor) -> Tensor:
     """``x W^T + b`` while gradients are off, ``weight()`` giving ``W`` (out x in); x: N x in -> N x out.
 
@@ -154,12 +168,35 @@ def inference_linear(layer: _WeightNorm, name: str, weight: Callable[[], Tensor]
     ``W^T`` folded once per pass (for a few rows MKL reads ``W^T`` faster than ``W``). Both caches live in
     ``layer``'s inference cache under ``name``.
     """
-    weight_size = x.size(1) * bias.size(0)
-    large = weight_size >= ONEDNN_MIN_WEIGHT and x.size(0) * weight_size >= ONEDNN_MIN_MACS
-    if large and x.device.type == "cpu" and x.dtype in _onednn_dtypes:
+    if _use_onednn(x, bias.size(0)):
         packed = layer._derived(name + ".onednn", lambda: torch.ops.mkldnn._reorder_linear_weight(weight(), None))
-        return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
+        return _onednn_linear(x, packed, bias)
     return torch.addmm(bias, x, layer._derived(name + ".t", lambda: weight().t().contiguous()))
+
+
+class _OneDNNLinear(torch.autograd.Function):
+    """``x W^T + b`` whose forward and input gradient run through oneDNN; the weight gradient, a long reduction
+    over the rows, stays on MKL, which is faster at it (python -m benchmarks.train_forms)."""
+
+    @staticmethod
+    def forward(ctx, x: Tensor, weight: Tensor, bias: Tensor) -> Tensor:  # x: N x in, weight: out x in
+        ctx.save_for_backward(x, weight)
+        return _onednn_linear(x, weight, bias)  # N x out
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):  # grad: N x out
+        x, weight = ctx.saved_tensors
+        grad_x = _onednn_linear(grad, weight.t(), None) if ctx.needs_input_grad[0] else None  # N x in
+        grad_weight = grad.t().mm(x) if ctx.needs_input_grad[1] else None  # out x in
+        grad_bias = grad.sum(0) if ctx.needs_input_grad[2] else None
+        return grad_x, grad_weight, grad_bias
+
+
+def training_linear(x: Tensor, weight: Tensor, bias: Tensor) -> Tensor:
+    """``F.linear`` with gradients; x: N x in -> N x out. Large products on the CPU through oneDNN."""
+    if _use_onednn(x, weight.size(0)):
+        return _OneDNNLinear.apply(x, weight, bias)
+    return F.linear(x, weight, bias)
 
 
 def glu_input_std(fan_in: int, dropout: float) -> float:

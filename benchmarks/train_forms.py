@@ -1,0 +1,114 @@
+"""Which products a training update runs through oneDNN: convs2s against itself with them moved about.
+
+``python -m benchmarks.train_forms [--sizes iwslt,wmt_en_de] [--repeats R]`` times the harness's training update
+(64 x 26 target tokens, label smoothing, backward, clip, NAG) of convs2s unchanged and with, in turn:
+- ``mkl-linears``: the weight-normalized linears (the vocabulary projection among them) by ``F.linear`` on MKL,
+  instead of the autograd product whose forward and input gradient run through oneDNN (``training_linear``);
+- ``onednn-weight-gradients``: that product's weight gradient through oneDNN too, instead of MKL;
+- ``onednn-convs``: the convolutions as the k shifted copies of the input side by side (im2col) and one such
+  product, instead of ``conv_tbc``'s MKL product per tap (not taken: it keeps k copies of each input for the
+  backward).
+Medians of the repeats, each variant timed alternately with the unchanged model; ratio = variant time /
+unchanged time, so above 1 means the model's choice pays.
+"""
+
+import argparse
+import contextlib
+import time
+
+import torch
+import torch.nn.functional as F
+
+from fairseq_convs2s.modules import weight_norm
+
+from . import measure
+from .pair import SIZES, build_pair, make_dictionary
+
+
+class _AllOneDNNLinear(weight_norm._OneDNNLinear):
+    @staticmethod
+    def backward(ctx, grad):  # grad: N x out
+        x, weight = ctx.saved_tensors
+        grad_x = weight_norm._onednn_linear(grad, weight.t(), None) if ctx.needs_input_grad[0] else None
+        return grad_x, weight_norm._onednn_linear(grad.t(), x.t(), None), grad.sum(0)
+
+
+def _conv_im2col(self, x, padding=0):
+    if not torch.is_grad_enabled():
+        return torch.conv_tbc(x.contiguous(), self.weight, self.bias, padding)
+    if padding:
+        x = F.pad(x, (0, 0, 0, 0, padding, padding))  # T + 2 * padding x B x in
+    steps = x.size(0) - self.kernel_size + 1
+    columns = torch.cat([x[tap : tap + steps] for tap in range(self.kernel_size)], dim=2)  # steps x B x (k * in)
+    weight = self.weight.reshape(-1, self.out_channels).t()  # out x (k * in), tap-major like the columns
+    out = weight_norm.training_linear(columns.view(-1, columns.size(2)), weight, self.bias)
+    return out.view(steps, x.size(1), self.out_channels)
+
+
+@contextlib.contextmanager
+def _patched(cls, name, fn):
+    original = getattr(cls, name)
+    setattr(cls, name, fn)
+    try:
+        yield
+    finally:
+        setattr(cls, name, original)
+
+
+@contextlib.contextmanager
+def mkl_linears():
+    with _patched(weight_norm, "training_linear", F.linear):
+        yield
+
+
+@contextlib.contextmanager
+def onednn_weight_gradients():
+    with _patched(weight_norm, "_OneDNNLinear", _AllOneDNNLinear):
+        yield
+
+
+@contextlib.contextmanager
+def onednn_convs():
+    with _patched(weight_norm.WeightNormConvTBC, "forward", _conv_im2col):
+        yield
+
+
+VARIANTS = {
+    "mkl-linears": mkl_linears,
+    "onednn-weight-gradients": onednn_weight_gradients,
+    "onednn-convs": onednn_convs,
+}
+
+
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--sizes", default="iwslt,wmt_en_de")
+    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--threads", type=int, default=0)
+    args = p.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    if not torch.backends.mkldnn.is_available():
+        raise SystemExit("this torch has no oneDNN (mkldnn)")
+    started = time.time()
+    cpu = torch.device("cpu")
+    print(f"torch threads {torch.get_num_threads()}; ratio = variant time / unchanged time (median)")
+    for size_name in args.sizes.split(","):
+        size = SIZES[size_name]
+        dictionary = make_dictionary(size.vocab)
+        _, model = build_pair(size, dictionary, dropout=0.2)
+        step = measure.TrainStep(model, measure.train_sample(dictionary, 64, 25, cpu), dictionary.pad())
+        for name, variant in VARIANTS.items():
+
+            def changed(variant=variant, step=step):
+                with variant():
+                    step()
+
+            times = measure.alternate({"unchanged": step, name: changed}, args.repeats, warmup=1, device=cpu)
+            base, other = measure.median(times["unchanged"]), measure.median(times[name])
+            print(f"{size_name} update: {name} {other:.3f}s vs unchanged {base:.3f}s = {other / base:.2f}x", flush=True)
+    print(f"whole run: {(time.time() - started) / 60:.1f} min")
+
+
+if __name__ == "__main__":
+    main()
