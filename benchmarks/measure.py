@@ -1,5 +1,6 @@
 """What the harness measures: generation and training speed, FLOPs, peak memory, the machine's matmul peak."""
 
+import math
 import os
 import platform
 import statistics
@@ -162,13 +163,22 @@ def _addmm_inplace_flops(self_shape, mat1_shape, mat2_shape, *_, out_shape=None,
     return 2 * m * k * mat2_shape[1]
 
 
+def _onednn_linear_flops(x_shape, *_, out_shape=None, **__):
+    rows = math.prod(x_shape[:-1])
+    return 2 * rows * x_shape[-1] * out_shape[-1]
+
+
 def count_flops(fn: Callable[[], object]) -> int:
-    """FLOPs of one call, counting matmuls, bmm and conv_tbc (torch's counter does not know conv_tbc).
+    """FLOPs of one call, counting matmuls, bmm, conv_tbc and oneDNN's linear (torch's counter knows neither).
 
     conv_tbc's backward is a composite of in-place ``addmm_`` per kernel tap, which the counter does not know
     either, so those are counted as they come.
     """
-    mapping = {torch.ops.aten.conv_tbc: _conv_tbc_flops, torch.ops.aten.addmm_: _addmm_inplace_flops}
+    mapping = {
+        torch.ops.aten.conv_tbc: _conv_tbc_flops,
+        torch.ops.aten.addmm_: _addmm_inplace_flops,
+        torch.ops.mkldnn._linear_pointwise: _onednn_linear_flops,
+    }
     with FlopCounterMode(display=False, custom_mapping=mapping) as counter:
         fn()
     return counter.get_total_flops()

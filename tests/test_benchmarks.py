@@ -4,6 +4,7 @@ import torch
 import torch.nn.functional as F
 
 from benchmarks.measure import count_flops
+from fairseq_convs2s.modules import weight_norm
 
 
 def test_count_flops_counts_conv_tbc_forward_and_backward():
@@ -33,3 +34,14 @@ def test_count_flops_counts_a_linear_once():
     bias = torch.zeros(5, requires_grad=True)
     flops = count_flops(lambda: F.linear(x, weight, bias).sum().backward())
     assert flops == 3 * 2 * 6 * 8 * 5
+
+
+def test_count_flops_counts_the_onednn_training_linear():
+    # the large linears train through oneDNN's product, which torch's counter does not know either: forward and
+    # input gradient by oneDNN, weight gradient by MKL, three products in all like F.linear
+    x = torch.randn(64, 512, requires_grad=True)
+    weight = torch.randn(1024, 512, requires_grad=True)
+    bias = torch.zeros(1024, requires_grad=True)
+    assert weight_norm._use_onednn(x, 1024) == torch.backends.mkldnn.is_available()
+    flops = count_flops(lambda: weight_norm.training_linear(x, weight, bias).sum().backward())
+    assert flops == 3 * 2 * 64 * 512 * 1024
