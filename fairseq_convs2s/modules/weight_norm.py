@@ -101,9 +101,7 @@ class WeightNormLinear(_WeightNorm):
         if torch.is_grad_enabled():
             out = training_linear(x.reshape(-1, self.in_features), self.weight, self.bias)
             return out.view(*x.shape[:-1], self.out_features)
-        # inference: x @ W^T with W^T folded once per pass into an in x out matrix. For the few rows of a
-        # beam-search step the product is bound by reading the weight, and MKL reads W^T faster than W
-        # (the vocabulary projection of a 5-hypothesis step: about 25% faster here).
+        # inference: the weight folded (and packed, or transposed) once per pass
         out = inference_linear(self, "weight", self._fold, x.reshape(-1, self.in_features), self.bias)
         return out.view(*x.shape[:-1], self.out_features)
 
@@ -165,7 +163,7 @@ def inference_linear(layer: _WeightNorm, name: str, weight: Callable[[], Tensor]
     """``x W^T + b`` while gradients are off, ``weight()`` giving ``W`` (out x in); x: N x in -> N x out.
 
     Large enough products on the CPU go through oneDNN with ``W`` packed once per pass; the rest through MKL on
-    ``W^T`` folded once per pass (for a few rows MKL reads ``W^T`` faster than ``W``). Both caches live in
+    ``W^T`` folded once per pass. Both caches live in
     ``layer``'s inference cache under ``name``.
     """
     if _use_onednn(x, bias.size(0)):
@@ -176,7 +174,7 @@ def inference_linear(layer: _WeightNorm, name: str, weight: Callable[[], Tensor]
 
 class _OneDNNLinear(torch.autograd.Function):
     """``x W^T + b`` whose forward and input gradient run through oneDNN; the weight gradient, a long reduction
-    over the rows, stays on MKL, which is faster at it (python -m benchmarks.train_forms)."""
+    over the rows, stays on MKL: through oneDNN it measured no faster (python -m benchmarks.train_forms)."""
 
     @staticmethod
     def forward(ctx, x: Tensor, weight: Tensor, bias: Tensor) -> Tensor:  # x: N x in, weight: out x in
