@@ -54,6 +54,39 @@ def test_incremental_state_follows_beam_reordering():
     torch.testing.assert_close(torch.cat(steps, 1), full[:, 4:], atol=1e-5, rtol=1e-5)
 
 
+def test_beam_orders_keep_one_encoder_row_per_source():
+    """Beam search's orders (expand each source to a run of hypotheses, reorder within runs, drop finished
+    sentences) keep keys and values one row per source, and decoding reads the same source as with the rows
+    copied per hypothesis; an order that is not runs falls back to one row per hypothesis."""
+    seed_all(0)
+    model = build_model("convs2s_iwslt_de_en").eval()
+    d = model.encoder.dictionary
+    src = random_batch(d, [6, 9, 4], seed=3)
+    prev = random_batch(d, [7] * 9, seed=4, left_pad=False)
+    orders = [
+        torch.arange(3).repeat_interleave(3),  # expand: 3 hypotheses per sentence
+        torch.tensor([1, 1, 0, 5, 3, 3, 8, 6, 7]),  # beam search reorders within each sentence
+        torch.tensor([3, 5, 5, 6, 6, 8]),  # sentence 0 finishes
+        torch.tensor([0, 2, 4]),  # not runs: one row per hypothesis
+    ]
+    prev[:, 0] = d.eos()  # every hypothesis starts from EOS, so the 3 first steps serve the 9 rows
+    expected_rows = {1: (3, 3), 2: (3, 3), 3: (2, 3), 4: (3, 1)}  # step: (encoder rows, hypotheses per source)
+    with torch.no_grad():
+        encoder_out, state = model.encoder(src), {}
+        sources = torch.arange(3)  # the source of each decoder row, followed by hand
+        model.decoder(prev[:3, :1], encoder_out, incremental_state=state)
+        for t, order in enumerate(orders, start=1):
+            encoder_out = model.encoder.reorder_encoder_out(encoder_out, order)
+            model.decoder.reorder_incremental_state_scripting(state, order)
+            sources = sources.index_select(0, order)
+            prev = prev.index_select(0, order if t > 1 else torch.arange(9))
+            assert (encoder_out.keys.size(0), encoder_out.hypotheses_per_source) == expected_rows[t]
+            logits, _ = model.decoder(prev[:, : t + 1], encoder_out, incremental_state=state)
+        full = full_log_probs(model, src.index_select(0, sources), prev[:, : len(orders) + 1])
+    last = model.get_normalized_probs((logits, None), log_probs=True)
+    torch.testing.assert_close(last, full[:, -1:], atol=1e-5, rtol=1e-5)
+
+
 def test_decoder_is_causal():
     """Changing target token t changes no output before t (and does change the output at t)."""
     seed_all(0)

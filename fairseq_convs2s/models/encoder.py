@@ -16,12 +16,17 @@ from .layer_spec import ConvLayer
 
 
 class ConvS2SEncoderOut(NamedTuple):
-    """What the decoder's attention needs of one batch of sources, computed once per source."""
+    """What the decoder's attention needs of one batch of sources, computed once per source.
+
+    B sources serve B * ``hypotheses_per_source`` decoder rows: row r attends to source r // that (beam search's
+    hypotheses of one sentence are consecutive rows; see ``ConvS2SEncoder.reorder_encoder_out``).
+    """
 
     keys: Tensor  # B x S x f: z^u, the last encoder layer projected to the embedding width
     values: Tensor  # B x S x f: z^u + e (times sqrt(0.5) with fconv scaling)
     padding_mask: Optional[Tensor]  # B x S, True at padding; None when the batch has none
     conditional_input_scale: Tensor  # B x 1 x 1: m * sqrt(1/m), m the non-pad source length
+    hypotheses_per_source: int = 1
 
 
 class ConvS2SEncoder(FairseqEncoder):
@@ -89,8 +94,36 @@ class ConvS2SEncoder(FairseqEncoder):
         return ConvS2SEncoderOut(z, values, padding_mask, m * torch.rsqrt(m))
 
     def reorder_encoder_out(self, encoder_out: ConvS2SEncoderOut, new_order: Tensor) -> ConvS2SEncoderOut:
-        """Select batch rows (beam search expands and prunes hypotheses)."""
-        return ConvS2SEncoderOut(*(t.index_select(0, new_order) if t is not None else None for t in encoder_out))
+        """Decoder row i now continues row ``new_order[i]`` (beam search expands, reorders and prunes hypotheses).
+
+        Porting note (fconv): fconv copies the keys and values for every hypothesis, and again at every step
+        of beam search, which reorders hypotheses within each sentence. Here, while the new rows come in runs
+        of equal length that each read one source (what beam search's orders are), the keys and values stay
+        one row per source: copied only when sentences finish, and attention takes a source's hypotheses as
+        one product (``MultiStepAttention``). Any other order falls back to one row per hypothesis.
+        """
+        group = encoder_out.hypotheses_per_source
+        sources = new_order // group if group > 1 else new_order  # the source row each new decoder row reads
+        new_group = _run_length(sources)
+        rows = sources[::new_group] if new_group > 1 else sources  # one per run
+        tensors = encoder_out[:4]
+        if rows.numel() != encoder_out.keys.size(0) or not torch.equal(
+            rows, torch.arange(rows.numel(), device=rows.device)
+        ):
+            tensors = tuple(t.index_select(0, rows) if t is not None else None for t in tensors)
+        return ConvS2SEncoderOut(*tensors, hypotheses_per_source=new_group)
 
     def max_positions(self) -> int:
         return self.embed_positions.max_positions
+
+
+def _run_length(sources: Tensor) -> int:
+    """g when ``sources`` (N) is runs of g equal values each, else 1."""
+    n = sources.numel()
+    if n < 2:
+        return 1
+    runs = 1 + int(sources[1:].ne(sources[:-1]).sum())
+    if n % runs:
+        return 1
+    blocks = sources.view(runs, n // runs)
+    return n // runs if bool(blocks.eq(blocks[:, :1]).all()) else 1

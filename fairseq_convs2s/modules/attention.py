@@ -40,19 +40,24 @@ class MultiStepAttention(nn.Module):
     ) -> Tuple[Tensor, Tensor]:
         """
         h: B x T x d (the GLU output of this layer); target_embedding g: B x T x f;
-        keys z: B x S x f; values (z + e): B x S x f; key_padding_mask: B x S (True at pads) or None;
-        conditional_input_scale: B x 1 x 1, m * sqrt(1/m) with m the non-pad source length.
+        keys z: B' x S x f; values (z + e): B' x S x f; key_padding_mask: B' x S (True at pads) or None;
+        conditional_input_scale: B' x 1 x 1, m * sqrt(1/m) with m the non-pad source length.
+        B = B' * G: rows r * G .. r * G + G - 1 (beam search's hypotheses of one sentence) attend to source r.
         Returns the new h (B x T x d) and the attention weights (B x T x S).
         """
         residual = h
+        bsz, tgt_len, _ = h.shape
+        sources, src_len = keys.size(0), keys.size(1)
         d = (self.query_projection(h) + target_embedding) * self.query_scale  # B x T x f
-        scores = torch.bmm(d, keys.transpose(1, 2))  # B x T x S
+        d = d.view(sources, -1, d.size(2))  # B' x G*T x f: a source's G hypotheses in one product
+        scores = torch.bmm(d, keys.transpose(1, 2))  # B' x G*T x S
         if key_padding_mask is not None:
             scores = scores.masked_fill(key_padding_mask.unsqueeze(1), float("-inf"))
         attn = F.softmax(scores.float(), dim=-1).type_as(scores)  # softmax in fp32 for fp16/bf16 training
-        conditional_input = torch.bmm(attn, values) * conditional_input_scale  # B x T x f
+        conditional_input = torch.bmm(attn, values) * conditional_input_scale  # B' x G*T x f
+        conditional_input = conditional_input.view(bsz, tgt_len, -1)  # B x T x f
         h = (self.output_projection(conditional_input) + residual) * math.sqrt(0.5)  # B x T x d
-        return h, attn
+        return h, attn.view(bsz, tgt_len, src_len)
 
 
 def value_scale_for(scaling: str) -> float:
