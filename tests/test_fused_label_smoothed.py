@@ -1,0 +1,142 @@
+"""``--criterion fused_label_smoothed_cross_entropy`` against fairseq's ``label_smoothed_cross_entropy``: the
+same loss, NLL and gradient, on raw logits, through a model and in fairseq-train, and the fall-back for other
+normalizations."""
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+from cli_helpers import load_checkpoint, make_splits, max_param_difference, preprocess, train, update_records
+from fairseq.criterions.label_smoothed_cross_entropy import (
+    LabelSmoothedCrossEntropyCriterion,
+    label_smoothed_nll_loss,
+)
+from utils import build_model, make_dictionary, random_batch, seed_all
+
+from fairseq_convs2s.criterions import fused_label_smoothed
+from fairseq_convs2s.criterions.fused_label_smoothed import (
+    FusedLabelSmoothedCrossEntropyCriterion,
+    label_smoothed_nll_loss_from_logits,
+    normalizes_by_log_softmax,
+)
+
+PAD = 1
+
+
+def _stock(logits, target, epsilon, reduce=True):
+    lprobs = torch.log_softmax(logits.float(), dim=-1)
+    return label_smoothed_nll_loss(lprobs, target, epsilon, ignore_index=PAD, reduce=reduce)
+
+
+@pytest.mark.parametrize("epsilon", [0.0, 0.1, 0.3])
+@pytest.mark.parametrize("chunk_bytes", [64, 1 << 19])  # several rows a chunk, and one row per chunk
+def test_loss_and_gradient_equal_fairseqs(epsilon, chunk_bytes, monkeypatch):
+    monkeypatch.setattr(fused_label_smoothed, "CHUNK_BYTES", chunk_bytes)
+    torch.manual_seed(0)
+    logits = (torch.randn(37, 50, dtype=torch.float64) * 3).float()
+    target = torch.randint(2, 50, (37,))
+    target[[0, 5, 36]] = PAD  # padding rows: no loss, no gradient
+    weights = torch.rand(37, 1)  # an upstream gradient that differs per row (reduce=False)
+    for reduce in (True, False):
+        results = []
+        for fn in (_stock, lambda x, t, e, reduce: label_smoothed_nll_loss_from_logits(x, t, e, PAD, reduce)):
+            x = logits.clone().requires_grad_()
+            loss, nll = fn(x, target.unsqueeze(1) if fn is _stock else target, epsilon, reduce=reduce)
+            (loss if reduce else loss * weights).sum().backward()
+            results.append((loss.detach(), nll.detach(), x.grad))
+        (loss_a, nll_a, grad_a), (loss_b, nll_b, grad_b) = results
+        assert loss_b.shape == loss_a.shape and nll_b.shape == nll_a.shape
+        torch.testing.assert_close(loss_b, loss_a, rtol=1e-5, atol=1e-4)
+        torch.testing.assert_close(nll_b, nll_a, rtol=1e-5, atol=1e-4)
+        torch.testing.assert_close(grad_b, grad_a, rtol=1e-5, atol=1e-6)
+        assert grad_b[[0, 5, 36]].abs().max() == 0
+
+
+def test_bf16_logits_give_fp32_loss_and_bf16_gradient():
+    torch.manual_seed(1)
+    logits = torch.randn(8, 30).bfloat16().requires_grad_()
+    target = torch.randint(2, 30, (8,))
+    loss, _ = label_smoothed_nll_loss_from_logits(logits, target, 0.1, PAD)
+    loss.backward()
+    expected, _ = _stock(logits.detach(), target.unsqueeze(1), 0.1)
+    assert loss.dtype == torch.float32 and logits.grad.dtype == torch.bfloat16
+    torch.testing.assert_close(loss, expected, rtol=1e-5, atol=1e-4)
+
+
+def _criteria(dictionary, **flags):
+    task = SimpleNamespace(source_dictionary=dictionary, target_dictionary=dictionary)
+    args = {"sentence_avg": False, "label_smoothing": 0.1, "ignore_prefix_size": 0, "report_accuracy": True, **flags}
+    return LabelSmoothedCrossEntropyCriterion(task, **args), FusedLabelSmoothedCrossEntropyCriterion(task, **args)
+
+
+@pytest.mark.parametrize("ignore_prefix_size", [0, 2])
+def test_criterion_equals_label_smoothed_cross_entropy_on_a_model(ignore_prefix_size):
+    """Loss, logging outputs (NLL, accuracy) and every parameter's gradient, through a ConvS2S model."""
+    seed_all(0)
+    d = make_dictionary()
+    model = build_model("convs2s_iwslt_de_en", dictionary=d, dropout=0.0)
+    src = random_batch(d, [5, 7, 3], seed=1)
+    tgt = random_batch(d, [6, 4, 5], seed=2, left_pad=False)
+    prev = torch.cat([torch.full((3, 1), d.eos()), tgt[:, :-1]], dim=1)
+    sample = {
+        "net_input": {"src_tokens": src, "src_lengths": src.ne(d.pad()).sum(1), "prev_output_tokens": prev},
+        "target": tgt,
+        "ntokens": int(tgt.ne(d.pad()).sum()),
+    }
+    assert normalizes_by_log_softmax(model)
+    outputs = []
+    for criterion in _criteria(d, ignore_prefix_size=ignore_prefix_size):
+        model.zero_grad()
+        loss, sample_size, log = criterion(model, sample)
+        loss.backward()
+        grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+        outputs.append((loss.detach(), sample_size, log, grads))
+    (loss_a, size_a, log_a, grads_a), (loss_b, size_b, log_b, grads_b) = outputs
+    torch.testing.assert_close(loss_b, loss_a, rtol=1e-5, atol=1e-5)
+    assert size_b == size_a
+    torch.testing.assert_close(log_b["nll_loss"], log_a["nll_loss"], rtol=1e-5, atol=1e-5)
+    assert (log_b["n_correct"], log_b["total"]) == (log_a["n_correct"], log_a["total"])
+    assert grads_b.keys() == grads_a.keys()
+    for name in grads_a:
+        torch.testing.assert_close(grads_b[name], grads_a[name], rtol=1e-4, atol=1e-6, msg=name)
+
+
+def test_models_with_their_own_normalization_fall_back_to_fairseqs_computation():
+    d = make_dictionary()
+    model = build_model("convs2s_iwslt_de_en", dictionary=d, dropout=0.0)
+
+    class Tempered(type(model)):
+        def get_normalized_probs(self, net_output, log_probs, sample=None):
+            return torch.log_softmax(net_output[0].float() / 2.0, dim=-1)
+
+    model.__class__ = Tempered
+    assert not normalizes_by_log_softmax(model)
+    src = random_batch(d, [4, 4], seed=3)
+    tgt = random_batch(d, [3, 3], seed=4, left_pad=False)
+    prev = torch.cat([torch.full((2, 1), d.eos()), tgt[:, :-1]], dim=1)
+    sample = {
+        "net_input": {"src_tokens": src, "src_lengths": torch.tensor([4, 4]), "prev_output_tokens": prev},
+        "target": tgt,
+        "ntokens": 6,
+    }
+    stock, fused = _criteria(d)
+    torch.testing.assert_close(fused(model, sample)[0], stock(model, sample)[0])
+
+
+def test_fairseq_train_with_the_fused_criterion_follows_label_smoothed_cross_entropy(tmp_path):
+    """``fairseq-train --criterion fused_label_smoothed_cross_entropy``: the same per-update loss, NLL and
+    accuracy as ``label_smoothed_cross_entropy`` and the same weights after 4 updates."""
+    make_splits(tmp_path, {"train": 200, "valid": 10})
+    preprocess(tmp_path, "bin", trainpref="train", validpref="valid")
+    flags = ["--max-update", "4", "--max-tokens", "300", "--log-format", "json", "--log-interval", "1"]
+    logs = {}
+    for criterion in ("label_smoothed_cross_entropy", "fused_label_smoothed_cross_entropy"):
+        proc = train(tmp_path, "bin", criterion, "--criterion", criterion, "--report-accuracy", *flags)
+        logs[criterion] = update_records(proc.stdout + proc.stderr)
+    stock, fused = logs.values()
+    assert len(stock) == len(fused) == 4
+    for a, b in zip(stock, fused):
+        for key in ("loss", "nll_loss", "accuracy"):
+            assert b[key] == pytest.approx(a[key], abs=2e-3), (key, a, b)
+    states = [load_checkpoint(tmp_path / c / "checkpoint_last.pt") for c in logs]
+    assert max_param_difference(*states) < 1e-4
