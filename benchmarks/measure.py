@@ -1,5 +1,6 @@
 """What the harness measures: generation and training speed, FLOPs, peak memory, the machine's matmul peak."""
 
+import copy
 import math
 import os
 import platform
@@ -13,7 +14,10 @@ import torch
 from fairseq.criterions.label_smoothed_cross_entropy import label_smoothed_nll_loss
 from fairseq.optim.nag import FairseqNAG
 from fairseq.sequence_generator import SequenceGenerator
+from torch.nn.utils.weight_norm import WeightNorm
 from torch.utils.flop_counter import FlopCounterMode
+
+from fairseq_convs2s.criterions.fused_label_smoothed import label_smoothed_nll_loss_from_logits
 
 from .pair import collate, random_sentences
 
@@ -60,6 +64,23 @@ def source_batches(dictionary, sentences: int, length: int, batch: int, device, 
     return samples
 
 
+def prepare_for_generation(model, beam: int, in_place: bool = False):
+    """``model`` prepared as fairseq-generate prepares its models (``prepare_for_inference_`` with ``--beam
+    beam``, no ``--print-alignment``): fconv's weight norm removed and its attention's bmm turned into
+    ``BeamableMM``, convs2s's weights folded for good; neither returns attention. Unless ``in_place``, a copy:
+    the model itself, which may still be trained, is left as it was."""
+    if not in_place:
+        # torch's weight-norm hook (fconv) leaves the last derived weight on the module, a non-leaf tensor that
+        # deepcopy refuses; the hook derives it afresh at the next call anyway
+        for module in model.modules():
+            for hook in module._forward_pre_hooks.values():
+                if isinstance(hook, WeightNorm):
+                    setattr(module, hook.name, getattr(module, hook.name).detach())
+    prepared = (model if in_place else copy.deepcopy(model)).eval()
+    prepared.make_generation_fast_(beamable_mm_beam_size=beam, need_attn=False)
+    return prepared
+
+
 def generator_fn(model, dictionary, samples, beam: int, out_len: int):
     """A closure decoding every sample with beam search, every hypothesis forced to ``out_len`` tokens
     (no EOS before, EOS at) so both models do the same work whatever their weights say."""
@@ -102,11 +123,13 @@ class TrainStep:
     """One fairseq-style update: forward, label-smoothed NLL (0.1), backward, clip 0.1, NAG (0.99).
 
     With ``dtype=torch.bfloat16`` the model computes in bf16 and the optimizer updates fp32 master weights,
-    as fairseq's ``--bf16`` does.
+    as fairseq's ``--bf16`` does. ``fused_loss``: the loss of ``--criterion fused_label_smoothed_cross_entropy``
+    (from the logits in one pass) instead of ``label_smoothed_cross_entropy``'s (through the log-softmax).
     """
 
-    def __init__(self, model, sample, pad: int, dtype: torch.dtype = torch.float32):
+    def __init__(self, model, sample, pad: int, dtype: torch.dtype = torch.float32, fused_loss: bool = False):
         self.model, self.sample, self.pad = model.train(), sample, pad
+        self.fused_loss = fused_loss
         self.params = [p for p in model.parameters() if p.requires_grad]
         if dtype != torch.float32:
             model.to(dtype)
@@ -119,10 +142,15 @@ class TrainStep:
 
     def forward_backward(self):
         net_output = self.model(**self.sample["net_input"])
-        lprobs = self.model.get_normalized_probs(net_output, log_probs=True)  # B x T x V, fp32
-        loss, _ = label_smoothed_nll_loss(
-            lprobs.view(-1, lprobs.size(-1)), self.sample["target"].view(-1, 1), 0.1, ignore_index=self.pad
-        )
+        target = self.sample["target"].view(-1)
+        if self.fused_loss:
+            logits = net_output[0]  # B x T x V
+            loss, _ = label_smoothed_nll_loss_from_logits(logits.view(-1, logits.size(-1)), target, 0.1, self.pad)
+        else:
+            lprobs = self.model.get_normalized_probs(net_output, log_probs=True)  # B x T x V, fp32
+            loss, _ = label_smoothed_nll_loss(
+                lprobs.view(-1, lprobs.size(-1)), target.unsqueeze(1), 0.1, ignore_index=self.pad
+            )
         loss.backward()
         return loss
 
@@ -333,18 +361,23 @@ def generation_split(model, vocab_projection: torch.nn.Module, run: Callable[[],
     }
 
 
-def vocabulary_step_seconds(sample, out_embed_dim: int, vocab: int, pad: int, repeats: int, device) -> float:
+def vocabulary_step_seconds(sample, out_embed_dim: int, vocab: int, pad: int, repeats: int, device) -> Dict:
     """Median seconds of the part of a training update that does not depend on the model body: dropout, the
-    vocabulary projection, log-softmax and label-smoothed NLL, forward and backward, on features of the
-    decoder output's shape. Any implementation pays it; it bounds the training speed-up."""
-    target = sample["target"]
-    features = torch.randn(*target.shape, out_embed_dim, device=device, requires_grad=True)  # B x T x out_embed
+    vocabulary projection, the label-smoothed loss (through the log-softmax, ``stock``, or fused from the
+    logits, ``fused``), forward and backward, on features of the decoder output's shape. Any implementation of
+    the body pays it; it bounds the training speed-up."""
+    target = sample["target"].view(-1)
+    features = torch.randn(target.numel(), out_embed_dim, device=device, requires_grad=True)  # B*T x out_embed
     projection = torch.nn.Linear(out_embed_dim, vocab).to(device)
 
-    def step():
-        x = torch.nn.functional.dropout(features, 0.2, training=True)
-        lprobs = torch.log_softmax(projection(x).float(), dim=-1)  # B x T x V
-        loss, _ = label_smoothed_nll_loss(lprobs.view(-1, vocab), target.view(-1, 1), 0.1, ignore_index=pad)
+    def step(fused: bool):
+        logits = projection(torch.nn.functional.dropout(features, 0.2, training=True))  # B*T x V
+        if fused:
+            loss, _ = label_smoothed_nll_loss_from_logits(logits, target, 0.1, pad)
+        else:
+            lprobs = torch.log_softmax(logits.float(), dim=-1)
+            loss, _ = label_smoothed_nll_loss(lprobs, target.unsqueeze(1), 0.1, ignore_index=pad)
         loss.backward()
 
-    return median(alternate({"vocab": step}, repeats, warmup=1, device=device)["vocab"])
+    times = alternate({"stock": lambda: step(False), "fused": lambda: step(True)}, repeats, warmup=1, device=device)
+    return {name: median(ts) for name, ts in times.items()}

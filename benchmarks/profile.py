@@ -33,7 +33,7 @@ def main(argv=None) -> None:
         sample = measure.train_sample(dictionary, 64, 25, cpu)
         run = measure.TrainStep(model, sample, dictionary.pad())
     else:
-        model.eval()
+        model = measure.prepare_for_generation(model, 5)  # as fairseq-generate prepares it
         samples = measure.source_batches(dictionary, 8, 25, args.batch, cpu)
         run, _ = measure.generator_fn(model, dictionary, samples, 5, 25)
     run()  # warm-up

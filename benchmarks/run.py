@@ -7,6 +7,7 @@ inputs, and are timed alternately (warm-up first, medians of the repeats). Write
 """
 
 import argparse
+import copy
 import gc
 import json
 import subprocess
@@ -19,7 +20,7 @@ import torch
 
 from . import measure
 from .pair import SIZES, build_pair, make_dictionary
-from .report import write_markdown, write_plot
+from .report import FUSED, write_markdown, write_plot
 
 RESULTS = Path(__file__).resolve().parent / "results"
 IMPLS = ("fconv", "convs2s")
@@ -48,9 +49,9 @@ def generation(size_name: str, args, device) -> List[Dict]:
     size = SIZES[size_name]
     dictionary = make_dictionary(size.vocab)
     fconv, convs2s = (m.to(device).eval() for m in build_pair(size, dictionary, dropout=0.0))
-    models = {"fconv": fconv, "convs2s": convs2s}
     rows = []
     for beam in (1, 5):
+        models = {n: measure.prepare_for_generation(m, beam) for n, m in (("fconv", fconv), ("convs2s", convs2s))}
         for batch in (1, 16, 128):
             sentences = max(batch, 4 if args.quick else 16)
             samples = measure.source_batches(dictionary, sentences, args.src_len, batch, device)
@@ -98,9 +99,11 @@ def training(size_name: str, args, device, peaks: Dict[str, float]) -> List[Dict
             n: measure.TrainStep(m, sample, dictionary.pad(), dtype)
             for n, m in (("fconv", fconv), ("convs2s", convs2s))
         }
+        # convs2s again (its own copy of the same weights) with the plugin's fused loss
+        steps[FUSED] = measure.TrainStep(copy.deepcopy(convs2s), sample, dictionary.pad(), dtype, fused_loss=True)
         repeats = 2 if args.quick else args.repeats
         times = measure.alternate(steps, repeats, warmup=1, device=device)
-        for name in IMPLS:
+        for name in steps:
             t = measure.median(times[name])
             flops = measure.count_flops(steps[name].forward_backward)
             row[name] = {
@@ -111,10 +114,12 @@ def training(size_name: str, args, device, peaks: Dict[str, float]) -> List[Dict
                 "first_loss": steps[name].losses[0],
             }
         row["speedup"] = row["convs2s"]["words_per_s"] / row["fconv"]["words_per_s"]
+        row["speedup_fused"] = row[FUSED]["words_per_s"] / row["fconv"]["words_per_s"]
         log(
             f"train {size_name} {dtype_name}: fconv {row['fconv']['words_per_s']:.0f} convs2s "
-            f"{row['convs2s']['words_per_s']:.0f} words/s = {row['speedup']:.2f}x; first loss "
-            f"{row['fconv']['first_loss']:.5f} vs {row['convs2s']['first_loss']:.5f}"
+            f"{row['convs2s']['words_per_s']:.0f} words/s = {row['speedup']:.2f}x, with the fused loss "
+            f"{row[FUSED]['words_per_s']:.0f} = {row['speedup_fused']:.2f}x; first loss "
+            f"{row['fconv']['first_loss']:.5f} / {row['convs2s']['first_loss']:.5f} / {row[FUSED]['first_loss']:.5f}"
         )
         rows.append(row)
         del fconv, convs2s, steps
@@ -132,10 +137,10 @@ def limits(args, device, training_rows: List[Dict], peaks: Dict[str, float]) -> 
     """
     size = SIZES["iwslt"]
     dictionary = make_dictionary(size.vocab)
-    fconv, convs2s = (m.to(device).eval() for m in build_pair(size, dictionary, dropout=0.0))
+    fconv, convs2s = (measure.prepare_for_generation(m.to(device), 5) for m in build_pair(size, dictionary, 0.0))
     projections = {"fconv": fconv.decoder.fc3, "convs2s": convs2s.decoder.output_projection}
     out: Dict[str, List[Dict]] = {"generation": [], "training": []}
-    for batch in (1, 128):
+    for batch in (1, 16, 128):
         sentences = max(batch, 4 if args.quick else 16)
         samples = measure.source_batches(dictionary, sentences, args.src_len, batch, device)
         row: Dict = {"size": "iwslt", "beam": 5, "batch": batch}
@@ -150,16 +155,19 @@ def limits(args, device, training_rows: List[Dict], peaks: Dict[str, float]) -> 
         out["generation"].append(row)
     sentences = 16 if args.quick else 64
     sample = measure.train_sample(dictionary, sentences, args.src_len, device)
-    vocab_s = measure.vocabulary_step_seconds(sample, size.out_embed_dim, size.vocab, dictionary.pad(), 3, device)
+    vocab_s = measure.vocabulary_step_seconds(sample, size.out_embed_dim, size.vocab, dictionary.pad(), 5, device)
     for r in training_rows:
         if r["size"] != "iwslt" or r["dtype"] != "fp32" or "skipped" in r:
             continue
         vocab_flops = 6 * sample["ntokens"] * size.out_embed_dim * size.vocab  # forward + two backward products
         body_s = max(0.0, r["convs2s"]["gflop_per_update"] * 1e9 - vocab_flops) / (peaks["fp32"] * 1e9)
-        row = {"size": "iwslt", "vocabulary_s": vocab_s, "body_at_peak_s": body_s}
+        row = {"size": "iwslt", "vocabulary_s": vocab_s["stock"], "body_at_peak_s": body_s}
+        row["vocabulary_fused_s"] = vocab_s["fused"]
         row["fconv_s"] = r["fconv"]["seconds_per_update"]
         row["convs2s_s"] = r["convs2s"]["seconds_per_update"]
-        row["bound"] = row["fconv_s"] / (vocab_s + body_s)
+        row["convs2s_fused_s"] = r[FUSED]["seconds_per_update"]
+        row["bound"] = row["fconv_s"] / (vocab_s["stock"] + body_s)
+        row["bound_fused"] = row["fconv_s"] / (vocab_s["fused"] + body_s)
         log(f"limits train: {row}")
         out["training"].append(row)
     return out
@@ -173,8 +181,7 @@ def scaling(args, device) -> Dict[str, List[Dict]]:
     """ms per sentence as the source grows (beam 5) and as the beam grows (25 tokens); iwslt size, batch 16."""
     size = SIZES["iwslt"]
     dictionary = make_dictionary(size.vocab)
-    fconv, convs2s = (m.to(device).eval() for m in build_pair(size, dictionary, dropout=0.0))
-    models = {"fconv": fconv, "convs2s": convs2s}
+    pair = dict(zip(IMPLS, (m.to(device).eval() for m in build_pair(size, dictionary, dropout=0.0))))
     sentences, batch = (4, 4) if args.quick else (16, 16)
     lengths = (10, 50, 200) if args.quick else (10, 25, 50, 100, 200)
     beams = (1, 12) if args.quick else (1, 2, 4, 8, 12)
@@ -183,6 +190,7 @@ def scaling(args, device) -> Dict[str, List[Dict]]:
         for point in points:
             length, beam = (point, 5) if axis == "length" else (args.src_len, point)
             samples = measure.source_batches(dictionary, sentences, length, batch, device)
+            models = {n: measure.prepare_for_generation(m, beam) for n, m in pair.items()}
             runs = {n: measure.generator_fn(m, dictionary, samples, beam, length)[0] for n, m in models.items()}
             times = measure.alternate(runs, 1 if args.quick else 3, warmup=1, device=device)
             row = {axis: point, **{n: 1e3 * measure.median(times[n]) / sentences for n in IMPLS}}
@@ -212,19 +220,28 @@ def memory_worker(args, device) -> None:
     impl, size_name = args.memory_worker
     size = SIZES[size_name]
     dictionary = make_dictionary(size.vocab)
-    models = dict(zip(IMPLS, build_pair(size, dictionary, dropout=0.0)))
-    model = models.pop(impl).to(device)
-    models.clear()
-    gc.collect()
+
+    def load():
+        models = dict(zip(IMPLS, build_pair(size, dictionary, dropout=0.0)))
+        model = models.pop(impl).to(device)
+        models.clear()
+        gc.collect()
+        return model
+
+    model = load()
     batch = 16 if args.quick else 128
     samples = measure.source_batches(dictionary, batch, args.src_len, batch, device)
-    run, _ = measure.generator_fn(model.eval(), dictionary, samples, 5, args.src_len)
     row = {"size": size_name, "impl": impl, "idle_rss_mib": measure.PeakRSS.rss_mib()}
+    # prepared in place, as fairseq-generate does (no copy to count), then a fresh model to train
+    prepared = measure.prepare_for_generation(model, 5, in_place=True)
+    run, _ = measure.generator_fn(prepared, dictionary, samples, 5, args.src_len)
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     with measure.PeakRSS() as peak:
         run()
     row.update(generate_rss_mib=peak.peak_mib, generate_gpu_mib=measure.gpu_peak_mib(device))
+    del model, prepared, run
+    model = load()
     step = measure.TrainStep(
         model, measure.train_sample(dictionary, batch // 2, args.src_len, device), dictionary.pad()
     )

@@ -120,3 +120,27 @@ def test_training_linear_through_onednn_has_the_gradients_of_f_linear():
     torch.testing.assert_close(out, expected_out, rtol=1e-4, atol=1e-4)
     for g, e in zip(got, expected):
         torch.testing.assert_close(g, e, rtol=1e-4, atol=1e-4)
+
+
+def test_after_make_generation_fast_weights_are_folded_once_for_good():
+    """fairseq-generate's preparation freezes the model: the folded (and packed) weights outlive inference
+    passes, and loading new weights still replaces them."""
+    from utils import build_model, random_batch
+
+    model = build_model("convs2s_iwslt_de_en", shrink=False, dropout=0.0)
+    src = random_batch(model.encoder.dictionary, [7, 7], seed=1)
+    layer = model.decoder.output_projection  # 256 x 20 here: folded and transposed (MKL path)
+    with torch.no_grad():
+        model.encoder(src)
+        before = layer._derived("weight", layer._fold)
+        model.encoder(src)  # a new pass re-folds while the model may still be trained
+        assert layer._derived("weight", layer._fold) is not before
+        model.make_generation_fast_(need_attn=False)
+        folded = layer._derived("weight", layer._fold)
+        model.encoder(src)
+        assert layer._derived("weight", layer._fold) is folded  # no re-fold once prepared
+        state = {k: v * 2 if k.endswith("weight_g") else v for k, v in model.state_dict().items()}
+        model.load_state_dict(state)
+        torch.testing.assert_close(layer._derived("weight", layer._fold), folded * 2)
+    with pytest.raises(RuntimeError, match="cannot train"):
+        model.train()

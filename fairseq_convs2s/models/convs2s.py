@@ -10,6 +10,7 @@ from fairseq.dataclass.utils import gen_parser_from_dataclass
 from fairseq.models import FairseqEncoderDecoderModel, register_model
 
 from ..modules.attention import value_scale_for
+from ..modules.weight_norm import _WeightNorm
 from .config import DEFAULT_MAX_POSITIONS, ConvS2SConfig
 from .decoder import ConvS2SDecoder
 from .encoder import ConvS2SEncoder
@@ -119,6 +120,15 @@ class ConvS2SModel(FairseqEncoderDecoderModel):
         model = cls(encoder, decoder)
         model.dictionary_labels = {side: _dictionary_label(task, side) for side in ("source", "target")}
         return model
+
+    def make_generation_fast_(self, **kwargs):
+        """fairseq's preparation for inference (``prepare_for_inference_``: fairseq-generate, fairseq-interactive,
+        the hub interface), after which fairseq forbids training the model: the decoder returns attention only
+        when asked (``need_attn``), and weight norm is folded once for good instead of once per batch."""
+        super().make_generation_fast_(**kwargs)
+        for module in self.modules():
+            if isinstance(module, _WeightNorm):
+                module.frozen = True
 
     def load_state_dict(self, state_dict, strict=True, model_cfg=None, args=None):
         """fairseq's loader, after checking that the checkpoint's vocabularies have the sizes of this model's

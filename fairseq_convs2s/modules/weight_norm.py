@@ -8,7 +8,10 @@ Porting note (fconv): fconv re-derives ``w`` from ``g`` and ``v`` on every call,
 Here, while gradients are off, ``w`` is folded once per *inference pass* and reused by every decoding step. A pass
 starts at each encoder forward (:func:`start_inference_pass`), so whatever changed the parameters between two
 batches is seen, including optimizers that write through ``p.data`` (fairseq's NAG does), which bumps no version
-counter. The cache key also holds the parameters' storage and version, for in-place edits within a pass.
+counter. The cache key also holds the parameters' storage and version, for in-place edits within a pass. After
+``make_generation_fast_`` (what fairseq-generate, fairseq-interactive and the hub interface call, and after
+which fairseq forbids training the model) the weights are folded once for good, as fairseq's own preparation
+folds fconv's by removing its weight norm; only the storage and version then invalidate them.
 
 At inference the folded weights are multiplied through oneDNN with the weight packed once per pass into its
 blocked layout (:func:`inference_linear`); MKL's GEMM, what ``F.linear`` calls on the CPU, re-packs the weight
@@ -45,6 +48,8 @@ class _WeightNorm(nn.Module):
     # dims of weight_v that the norm reduces over, and the one it keeps (the output channels)
     norm_dims: Tuple[int, ...] = ()
     output_dim: int = 0
+    # set by ConvS2SModel.make_generation_fast_: folded weights outlive inference passes
+    frozen: bool = False
 
     def _init_weight_norm(self, v: Tensor) -> None:
         self.weight_v = nn.Parameter(v)
@@ -65,7 +70,8 @@ class _WeightNorm(nn.Module):
         v, g = self.weight_v, self.weight_g
         if torch.is_grad_enabled() and (v.requires_grad or g.requires_grad):
             return compute()
-        key = (_inference_pass, v.data_ptr(), g.data_ptr(), v._version, g._version, v.dtype, v.device)
+        inference_pass = None if self.frozen else _inference_pass
+        key = (inference_pass, v.data_ptr(), g.data_ptr(), v._version, g._version, v.dtype, v.device)
         hit = self._inference_cache.get(name)
         if hit is None or hit[0] != key:
             with torch.no_grad():
