@@ -1,13 +1,14 @@
-"""bf16 against fp32 training on a CPU, on real data: words/s and the loss curve, same seed, same batches.
+"""Two ways of training the same model on real data, side by side: words/s and the loss curve, same seed, same
+batches. ``--compare bf16`` (the default): fp32 against ``--bf16`` on a CPU; ``--compare fused-loss``: fairseq's
+``label_smoothed_cross_entropy`` against the plugin's ``fused_label_smoothed_cross_entropy``.
 
-    python -m benchmarks.bf16_curve DATA_BIN [--updates 200] [--arch convs2s_iwslt_de_en] [--out DIR]
+    python -m benchmarks.bf16_curve DATA_BIN [--compare bf16|fused-loss] [--updates 200] [--out FILE]
 
-Trains the same model twice from the same initialization with ``python -m fairseq_convs2s.train`` (stock
-fairseq-train cannot run ``--bf16`` on a CPU), once in fp32 and once with ``--bf16``, then scores both final
-checkpoints with ``fairseq-validate`` in fp32 on the valid set. Prints, and writes as JSON: the median words/s
-of the logged intervals (the first one, warm-up, left out), the training loss every ``--log-interval`` updates
-side by side, and the two validation losses. DATA_BIN is a ``fairseq-preprocess`` folder, e.g. the Multi30k
-recipe's ``outputs/multi30k/data-bin``.
+Trains the model twice from the same initialization with ``python -m fairseq_convs2s.train`` (stock
+fairseq-train cannot run ``--bf16`` on a CPU), then scores both final checkpoints with ``fairseq-validate`` in
+fp32 on the valid set. Prints, and writes as JSON: the median words/s of the logged intervals (the first one,
+warm-up, left out), the training loss every ``--log-interval`` updates side by side, and the two validation
+losses. DATA_BIN is a ``fairseq-preprocess`` folder, e.g. the Multi30k recipe's ``outputs/multi30k/data-bin``.
 """
 
 import argparse
@@ -23,16 +24,24 @@ REPO = Path(__file__).resolve().parent.parent
 USER_DIR = REPO / "fairseq_convs2s"
 _RECORD = re.compile(r"\| train_inner \| (\{.*\})\s*$")
 _VALID = re.compile(r"\| valid on '[^']*' subset \| loss ([0-9.]+) \| nll_loss ([0-9.]+)")
+# the two runs of each comparison: (name, extra flags); later flags win over the common ones
+COMPARISONS = {
+    "bf16": (("fp32", []), ("bf16", ["--bf16"])),
+    "fused-loss": (
+        ("label_smoothed_cross_entropy", []),
+        ("fused_label_smoothed_cross_entropy", ["--criterion", "fused_label_smoothed_cross_entropy"]),
+    ),
+}
 
 
-def train(data: Path, save_dir: Path, args, precision: str):
+def train(data: Path, save_dir: Path, args, extra):
     cmd = [sys.executable, "-m", "fairseq_convs2s.train", str(data), "--user-dir", str(USER_DIR)]
     cmd += ["--arch", args.arch, "--optimizer", "nag", "--momentum", "0.99", "--lr", "0.25", "--clip-norm", "0.1"]
     cmd += ["--dropout", "0.2", "--criterion", "label_smoothed_cross_entropy", "--label-smoothing", "0.1"]
     cmd += ["--max-tokens", "4000", "--max-update", str(args.updates), "--seed", "1", "--cpu"]
     cmd += ["--disable-validation", "--no-epoch-checkpoints", "--save-dir", str(save_dir)]
     cmd += ["--log-format", "json", "--log-interval", str(args.log_interval)]
-    cmd += ["--bf16"] if precision == "bf16" else []
+    cmd += extra
     print("$ " + " ".join(cmd[1:]), flush=True)
     proc = subprocess.run(cmd, capture_output=True, text=True, check=True)
     return [json.loads(m.group(1)) for m in map(_RECORD.search, proc.stdout.splitlines()) if m]
@@ -53,31 +62,36 @@ def main(argv=None):
     parser.add_argument("--updates", type=int, default=200)
     parser.add_argument("--log-interval", type=int, default=20)
     parser.add_argument("--arch", default="convs2s_iwslt_de_en")
-    parser.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results" / "bf16_curve.json")
+    parser.add_argument("--compare", choices=sorted(COMPARISONS), default="bf16")
+    parser.add_argument("--out", type=Path, help="JSON file (default benchmarks/results/<compare>_curve.json)")
     args = parser.parse_args(argv)
-    results = {"data": str(args.data), "updates": args.updates, "arch": args.arch}
+    out = args.out or REPO / "benchmarks" / "results" / f"{args.compare.replace('-', '_')}_curve.json"
+    runs = COMPARISONS[args.compare]
+    results = {"data": str(args.data), "updates": args.updates, "arch": args.arch, "compare": args.compare}
     with tempfile.TemporaryDirectory() as checkpoints:  # the checkpoints are not kept
-        for precision in ("fp32", "bf16"):
-            save_dir = Path(checkpoints) / precision
-            records = train(args.data, save_dir, args, precision)
+        for name, extra in runs:
+            save_dir = Path(checkpoints) / name
+            records = train(args.data, save_dir, args, extra)
             wps = [float(r["wps"]) for r in records[1:]]
-            results[precision] = {
+            results[name] = {
                 "words_per_s": statistics.median(wps),
                 "loss": {int(r["num_updates"]): float(r["loss"]) for r in records},
                 "valid_loss_nll": validate(args.data, save_dir / "checkpoint_last.pt"),
             }
-    fp32, bf16 = results["fp32"], results["bf16"]
-    results["speedup"] = bf16["words_per_s"] / fp32["words_per_s"]
+    (a, _), (b, _) = runs
+    results["speedup"] = results[b]["words_per_s"] / results[a]["words_per_s"]
     print(f"\n{args.arch}, {args.updates} updates on {args.data}")
-    print(f"words/s: fp32 {fp32['words_per_s']:.0f}, bf16 {bf16['words_per_s']:.0f} = {results['speedup']:.2f}x")
-    print("update | train loss fp32 | train loss bf16")
-    for update in fp32["loss"]:
-        print(f"{update:6d} | {fp32['loss'][update]:15.3f} | {bf16['loss'].get(update, float('nan')):15.3f}")
-    for precision in ("fp32", "bf16"):
-        loss, nll = results[precision]["valid_loss_nll"]
-        print(f"valid after {args.updates} updates, {precision} model (scored in fp32): loss {loss:.3f}, nll {nll:.3f}")
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(results, indent=1) + "\n")
+    print(
+        f"words/s: {a} {results[a]['words_per_s']:.0f}, {b} {results[b]['words_per_s']:.0f} = {results['speedup']:.2f}x"
+    )
+    print(f"update | train loss, {a} | train loss, {b}")
+    for update in results[a]["loss"]:
+        print(f"{update:6d} | {results[a]['loss'][update]:.3f} | {results[b]['loss'].get(update, float('nan')):.3f}")
+    for name, _ in runs:
+        loss, nll = results[name]["valid_loss_nll"]
+        print(f"valid after {args.updates} updates, {name} model (scored in fp32): loss {loss:.3f}, nll {nll:.3f}")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(results, indent=1) + "\n")
 
 
 if __name__ == "__main__":

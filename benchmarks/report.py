@@ -43,9 +43,9 @@ def _limits(limits) -> List[str]:
     if not limits:
         return []
     parts = [
-        "**Where the time goes** (iwslt size, beam 5; seconds of one run, each part the median of 3 runs; 'bound' "
-        "is the speed-up convs2s would reach were its decoder body free, since the vocabulary projection and "
-        "fairseq's beam search cost the same for any implementation):",
+        "**Where the time goes** (iwslt size, beam 5, both models prepared as fairseq-generate prepares them; "
+        "seconds of one run, each part the median of 3 runs; 'bound' is the speed-up convs2s would reach were its "
+        "decoder body free, with its encoder, its vocabulary projection and fairseq's beam search as measured):",
         "",
     ]
     rows = []
@@ -93,7 +93,8 @@ def render(results: Dict, plot: Path, markdown_dir: Path) -> str:
         f"fp32, {peaks['bf16']:.1f} GFLOP/s bf16. Whole run: {results['wall_s'] / 60:.1f} min.",
         "",
         "**Generation** (random sentences of "
-        f"{results['args']['src_len']} tokens, outputs forced to the same length; median of the repeats):",
+        f"{results['args']['src_len']} tokens, outputs forced to the same length; both models prepared as "
+        "fairseq-generate prepares them; median of the repeats):",
         "",
     ]
     rows = []

@@ -155,7 +155,7 @@ def limits(args, device, training_rows: List[Dict], peaks: Dict[str, float]) -> 
         out["generation"].append(row)
     sentences = 16 if args.quick else 64
     sample = measure.train_sample(dictionary, sentences, args.src_len, device)
-    vocab_s = measure.vocabulary_step_seconds(sample, size.out_embed_dim, size.vocab, dictionary.pad(), 5, device)
+    vocab_s = measure.vocabulary_step_seconds(sample, size.out_embed_dim, size.vocab, dictionary.pad(), 11, device)
     for r in training_rows:
         if r["size"] != "iwslt" or r["dtype"] != "fp32" or "skipped" in r:
             continue

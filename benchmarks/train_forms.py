@@ -7,7 +7,9 @@
 - ``onednn-weight-gradients``: that product's weight gradient through oneDNN too, instead of MKL;
 - ``onednn-convs``: the convolutions as the k shifted copies of the input side by side (im2col) and one such
   product, instead of ``conv_tbc``'s MKL product per tap (not taken: it keeps k copies of each input for the
-  backward).
+  backward);
+- ``fairseq-loss``: fairseq's ``label_smoothed_cross_entropy`` loss through the log-softmax, instead of the
+  plugin's ``fused_label_smoothed_cross_entropy`` (the unchanged update uses the fused loss).
 Medians of the repeats, each variant timed alternately with the unchanged model; ratio = variant time /
 unchanged time, so above 1 means the model's choice pays.
 """
@@ -18,6 +20,7 @@ import time
 
 import torch
 import torch.nn.functional as F
+from fairseq.criterions.label_smoothed_cross_entropy import label_smoothed_nll_loss
 
 from fairseq_convs2s.modules import weight_norm
 
@@ -73,10 +76,22 @@ def onednn_convs():
         yield
 
 
+def _fairseq_loss(logits, target, epsilon, ignore_index):
+    lprobs = torch.log_softmax(logits.float(), dim=-1)  # what the model's get_normalized_probs returns
+    return label_smoothed_nll_loss(lprobs, target.unsqueeze(1), epsilon, ignore_index=ignore_index)
+
+
+@contextlib.contextmanager
+def fairseq_loss():
+    with _patched(measure, "label_smoothed_nll_loss_from_logits", _fairseq_loss):
+        yield
+
+
 VARIANTS = {
     "mkl-linears": mkl_linears,
     "onednn-weight-gradients": onednn_weight_gradients,
     "onednn-convs": onednn_convs,
+    "fairseq-loss": fairseq_loss,
 }
 
 
@@ -85,6 +100,7 @@ def main(argv=None) -> None:
     p.add_argument("--sizes", default="iwslt,wmt_en_de")
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--threads", type=int, default=0)
+    p.add_argument("--variants", default=",".join(VARIANTS), help=f"comma-separated, of {', '.join(VARIANTS)}")
     args = p.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -97,8 +113,10 @@ def main(argv=None) -> None:
         size = SIZES[size_name]
         dictionary = make_dictionary(size.vocab)
         _, model = build_pair(size, dictionary, dropout=0.2)
-        step = measure.TrainStep(model, measure.train_sample(dictionary, 64, 25, cpu), dictionary.pad())
-        for name, variant in VARIANTS.items():
+        sample = measure.train_sample(dictionary, 64, 25, cpu)
+        step = measure.TrainStep(model, sample, dictionary.pad(), fused_loss=True)
+        for name in args.variants.split(","):
+            variant = VARIANTS[name]
 
             def changed(variant=variant, step=step):
                 with variant():
