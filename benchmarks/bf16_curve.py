@@ -2,7 +2,7 @@
 batches. ``--compare bf16`` (the default): fp32 against ``--bf16`` on a CPU; ``--compare fused-loss``: fairseq's
 ``label_smoothed_cross_entropy`` against the plugin's ``fused_label_smoothed_cross_entropy``.
 
-    python -m benchmarks.bf16_curve DATA_BIN [--compare bf16|fused-loss] [--updates 200] [--out FILE]
+    python -m benchmarks.bf16_curve DATA_BIN [--compare bf16|fused-loss] [--swap] [--updates 200] [--out FILE]
 
 Trains the model twice from the same initialization with ``python -m fairseq_convs2s.train`` (stock
 fairseq-train cannot run ``--bf16`` on a CPU), then scores both final checkpoints with ``fairseq-validate`` in
@@ -63,10 +63,12 @@ def main(argv=None):
     parser.add_argument("--log-interval", type=int, default=20)
     parser.add_argument("--arch", default="convs2s_iwslt_de_en")
     parser.add_argument("--compare", choices=sorted(COMPARISONS), default="bf16")
-    parser.add_argument("--out", type=Path, help="JSON file (default benchmarks/results/<compare>_curve.json)")
+    parser.add_argument("--swap", action="store_true", help="train the second of the pair first")
+    parser.add_argument("--out", type=Path, help="JSON file (default benchmarks/results/<compare>_curve[_swap].json)")
     args = parser.parse_args(argv)
-    out = args.out or REPO / "benchmarks" / "results" / f"{args.compare.replace('-', '_')}_curve.json"
-    runs = COMPARISONS[args.compare]
+    name = args.compare.replace("-", "_") + ("_curve_swap" if args.swap else "_curve")
+    out = args.out or REPO / "benchmarks" / "results" / f"{name}.json"
+    runs = COMPARISONS[args.compare][::-1] if args.swap else COMPARISONS[args.compare]
     results = {"data": str(args.data), "updates": args.updates, "arch": args.arch, "compare": args.compare}
     with tempfile.TemporaryDirectory() as checkpoints:  # the checkpoints are not kept
         for name, extra in runs:
