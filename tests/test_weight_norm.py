@@ -90,12 +90,15 @@ def test_inference_linear_equals_the_training_product(rows):
 
 
 def test_packed_window_product_sees_parameter_updates_and_survives_deepcopy():
-    """The packed conv kernel is re-packed after an in-place update; a deep copy (EMA) drops the cache."""
+    """The packed conv kernel is re-packed after an in-place update; a deep copy (EMA) drops the cache; the
+    packed matrix is the only copy of the kernel the cache keeps."""
     conv = WeightNormConvTBC(256, 512, 3, std=0.05)
     window = torch.randn(8, 3 * 256)  # 8 x 768 x 512 multiply-adds: the oneDNN path
     with torch.no_grad():
         conv.bias.normal_()
         first = conv.forward_window(window)
+        packed = "linearized.onednn" if torch.backends.mkldnn.is_available() else "linearized.t"
+        assert set(conv._inference_cache) == {packed}
         torch.testing.assert_close(first, F.linear(window, conv.linearized_weight(), conv.bias), rtol=1e-4, atol=1e-4)
         conv.weight_g.mul_(2.0)
         torch.testing.assert_close(conv.forward_window(window), 2 * first - conv.bias, rtol=1e-4, atol=1e-4)

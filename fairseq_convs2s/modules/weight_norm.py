@@ -139,15 +139,19 @@ class WeightNormConvTBC(_WeightNorm):
 
     def linearized_weight(self) -> Tensor:
         """The kernel as one matrix, out x (k * in), for applying the conv to a cached window of k inputs."""
+        return self._derived("linearized", self._linearize)
+
+    def _linearize(self) -> Tensor:
         # k x in x out -> out x k x in -> out x (k * in); the window is flattened time-major to match
-        return self._derived("linearized", lambda: self._fold().permute(2, 0, 1).reshape(self.out_channels, -1))
+        return self._fold().permute(2, 0, 1).reshape(self.out_channels, -1)
 
     def forward_window(self, window: Tensor) -> Tensor:
         """The convolution at one position: window: B x (k * in), the last k inputs flattened time-major ->
         B x out."""
         if torch.is_grad_enabled():
             return F.linear(window, self.linearized_weight(), self.bias)
-        return inference_linear(self, "linearized", self.linearized_weight, window, self.bias)
+        # only the packed (or transposed) matrix is cached: the plain one would be a third copy of the kernel
+        return inference_linear(self, "linearized", self._linearize, window, self.bias)
 
     def extra_repr(self) -> str:
         return f"{self.in_channels}, {self.out_channels}, kernel_size={self.kernel_size}"
