@@ -62,8 +62,7 @@ def main(argv=None) -> None:
     p.add_argument("--threads", type=int, default=0)
     p.add_argument("--repeats", type=int, default=5)
     args = p.parse_args(argv)
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    measure.use_threads(args.threads)
     cpu = torch.device("cpu")
     size = SIZES["iwslt"]
     dictionary = make_dictionary(size.vocab)

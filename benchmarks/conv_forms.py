@@ -54,8 +54,7 @@ def main(argv=None) -> None:
     p.add_argument("--threads", type=int, default=0)
     p.add_argument("--repeats", type=int, default=20)
     args = p.parse_args(argv)
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    measure.use_threads(args.threads)
     started = time.time()
     peak = measure.matmul_peak(torch.float32, torch.device("cpu"))
     print(f"torch threads {torch.get_num_threads()}; 2048^3 matmul {peak:.0f} GFLOP/s fp32")

@@ -56,10 +56,7 @@ def main(argv=None) -> None:
     p.add_argument("--threads", type=int, default=0)
     p.add_argument("--repeats", type=int, default=7)
     args = p.parse_args(argv)
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    if not torch.backends.mkldnn.is_available():
-        raise SystemExit("this torch has no oneDNN (mkldnn)")
+    measure.use_threads(args.threads, need_onednn=True)
     started = time.time()
     print(f"torch threads {torch.get_num_threads()}; us per call; speed-up = best MKL form / oneDNN")
     print(f"the model uses oneDNN from a {ONEDNN_MIN_WEIGHT:,}-entry weight and {ONEDNN_MIN_MACS:,} multiply-adds up")

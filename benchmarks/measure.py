@@ -22,6 +22,16 @@ from fairseq_convs2s.criterions.fused_label_smoothed import label_smoothed_nll_l
 from .pair import collate, random_sentences
 
 
+def use_threads(threads: int, need_onednn: bool = False) -> int:
+    """The benchmarks' ``--threads`` (0: torch's default); with ``need_onednn``, stop where torch has no oneDNN.
+    Returns the number of torch threads."""
+    if threads:
+        torch.set_num_threads(threads)
+    if need_onednn and not torch.backends.mkldnn.is_available():
+        raise SystemExit("this torch has no oneDNN (mkldnn)")
+    return torch.get_num_threads()
+
+
 def sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize()

@@ -256,8 +256,7 @@ def memory_worker(args, device) -> None:
 def main(argv=None) -> None:
     args = parse_args(argv)
     device = torch.device(args.device)
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    measure.use_threads(args.threads)
     if args.memory_worker:
         memory_worker(args, device)
         return

@@ -102,10 +102,7 @@ def main(argv=None) -> None:
     p.add_argument("--threads", type=int, default=0)
     p.add_argument("--variants", default=",".join(VARIANTS), help=f"comma-separated, of {', '.join(VARIANTS)}")
     args = p.parse_args(argv)
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    if not torch.backends.mkldnn.is_available():
-        raise SystemExit("this torch has no oneDNN (mkldnn)")
+    measure.use_threads(args.threads, need_onednn=True)
     started = time.time()
     cpu = torch.device("cpu")
     print(f"torch threads {torch.get_num_threads()}; ratio = variant time / unchanged time (median)")

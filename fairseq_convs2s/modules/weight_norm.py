@@ -173,8 +173,7 @@ def inference_linear(layer: _WeightNorm, name: str, weight: Callable[[], Tensor]
     """``x W^T + b`` while gradients are off, ``weight()`` giving ``W`` (out x in); x: N x in -> N x out.
 
     Large enough products on the CPU go through oneDNN with ``W`` packed once per pass; the rest through MKL on
-    ``W^T`` folded once per pass. Both caches live in
-    ``layer``'s inference cache under ``name``.
+    ``W^T`` folded once per pass. Both caches live in ``layer``'s inference cache under ``name``.
     """
     if _use_onednn(x, bias.size(0)):
         packed = layer._derived(name + ".onednn", lambda: torch.ops.mkldnn._reorder_linear_weight(weight(), None))
