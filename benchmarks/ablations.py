@@ -5,6 +5,8 @@ of the convs2s_iwslt_de_en size with, in turn:
 - ``no-fold-cache``: weight norm re-derived on every call at inference and multiplied as ``W`` by MKL, as fconv
   does;
 - ``mkl-linear``: inference products by MKL on the cached ``W^T`` instead of oneDNN on the packed ``W``;
+- ``module-steps``: decoding steps through the modules (each product looking its weights up per call) instead
+  of the decoder's folded products, looked up once per pass;
 - ``unfused-weight-norm``: training weight norm as a norm, a division and two products instead of torch's kernel.
 Each variant is timed alternately with the unchanged model (medians); the ratio is what the optimization buys.
 """
@@ -16,6 +18,7 @@ import time
 import torch
 import torch.nn.functional as F
 
+from fairseq_convs2s.models.decoder import ConvS2SDecoder
 from fairseq_convs2s.modules import weight_norm
 
 from . import measure
@@ -29,9 +32,19 @@ def no_fold_cache():
     # re-deriving W^T or a packed W as well would charge a copy fconv never pays
     weight_norm.inference_linear = lambda layer, name, weight, x, bias: F.linear(x, weight(), bias)
     try:
-        yield
+        with module_steps():  # the folded products would keep their weights for the pass
+            yield
     finally:
         weight_norm._WeightNorm._derived, weight_norm.inference_linear = original
+
+
+@contextlib.contextmanager
+def module_steps():
+    ConvS2SDecoder.use_folded_products = False
+    try:
+        yield
+    finally:
+        ConvS2SDecoder.use_folded_products = True
 
 
 @contextlib.contextmanager
@@ -54,7 +67,12 @@ def unfused_weight_norm():
         weight_norm._WeightNorm._fold = original
 
 
-VARIANTS = {"no-fold-cache": no_fold_cache, "mkl-linear": mkl_linear, "unfused-weight-norm": unfused_weight_norm}
+VARIANTS = {
+    "no-fold-cache": no_fold_cache,
+    "mkl-linear": mkl_linear,
+    "module-steps": module_steps,
+    "unfused-weight-norm": unfused_weight_norm,
+}
 
 
 def main(argv=None) -> None:
@@ -74,7 +92,7 @@ def main(argv=None) -> None:
         model.eval()
         samples = measure.source_batches(dictionary, 16, 25, batch, cpu)
         run, _ = measure.generator_fn(model, dictionary, samples, 5, 25)
-        for name in ("no-fold-cache", "mkl-linear"):
+        for name in ("no-fold-cache", "mkl-linear", "module-steps"):
             _report(f"generate beam 5 batch {batch}", name, run, args.repeats)
     model.train()
     _report("train update (64 x 26 tokens)", "unfused-weight-norm", step, args.repeats)

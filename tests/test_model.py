@@ -87,6 +87,57 @@ def test_beam_orders_keep_one_encoder_row_per_source():
     torch.testing.assert_close(last, full[:, -1:], atol=1e-5, rtol=1e-5)
 
 
+def test_inference_steps_call_folded_products_and_decode_as_the_modules():
+    """At inference a decoding step calls the decoder's products folded for the pass, not its modules, and
+    decodes exactly as the modules do through beam search's expand and reorder (oneDNN and MKL products both:
+    full widths); with gradients on or a dropout retained (fairseq's --retain-dropout) it goes through the
+    modules; a copy of a model that decoded decodes the same."""
+    import copy
+
+    from fairseq.modules import FairseqDropout
+
+    seed_all(0)
+    model = build_model("convs2s_iwslt_de_en", shrink=False, dropout=0.1).eval()
+    d = model.encoder.dictionary
+    src = random_batch(d, [6, 9, 4], seed=3)
+    prev = random_batch(d, [6] * 6, seed=4, left_pad=False)
+    expand, reorder = torch.arange(3).repeat_interleave(2), torch.tensor([1, 0, 3, 3, 5, 4])
+    module_calls = []
+    model.decoder.blocks[0].attention.query_projection.register_forward_hook(lambda *_: module_calls.append(1))
+
+    def decode(m, steps=6):
+        encoder_out, state, rows, out = m.encoder.reorder_encoder_out(m.encoder(src), expand), {}, prev, []
+        for t in range(steps):
+            if t == 3:
+                encoder_out = m.encoder.reorder_encoder_out(encoder_out, reorder)
+                m.decoder.reorder_incremental_state_scripting(state, reorder)
+                rows = rows.index_select(0, reorder)
+            out.append(m.decoder(rows[:, : t + 1], encoder_out, incremental_state=state)[0])
+        return torch.cat(out, 1)  # 6 x steps x V
+
+    with torch.no_grad():
+        folded = decode(model)
+        assert not module_calls
+        model.decoder.use_folded_products = False
+        through_modules = decode(model)
+        assert len(module_calls) == 6
+        model.decoder.use_folded_products = True
+        torch.testing.assert_close(folded, through_modules, rtol=0, atol=0)
+        torch.testing.assert_close(decode(copy.deepcopy(model)), folded, rtol=0, atol=0)
+        for m in model.modules():
+            if isinstance(m, FairseqDropout):
+                m.apply_during_inference = True
+        module_calls.clear()
+        decode(model, steps=2)
+        assert len(module_calls) == 2
+    module_calls.clear()
+    for m in model.modules():
+        if isinstance(m, FairseqDropout):
+            m.apply_during_inference = False
+    decode(model, steps=2)  # gradients on
+    assert len(module_calls) == 2
+
+
 def test_decoder_is_causal():
     """Changing target token t changes no output before t (and does change the output at t)."""
     seed_all(0)

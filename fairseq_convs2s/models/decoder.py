@@ -1,6 +1,6 @@
 """The ConvS2S decoder (paper 3.2-3.3): causal convolutional blocks with multi-step attention, fast incremental."""
 
-from typing import Dict, List, Optional, Tuple
+from typing import Callable, Dict, List, NamedTuple, Optional, Tuple
 
 import torch
 from fairseq import utils
@@ -9,10 +9,10 @@ from fairseq.models import FairseqIncrementalDecoder
 from fairseq.modules import FairseqDropout
 from torch import Tensor, nn
 
-from ..modules.attention import MultiStepAttention
+from ..modules.attention import MultiStepAttention, attend
 from ..modules.conv_block import build_blocks
 from ..modules.embedding import LearnedPositionalEmbedding, TokenEmbedding
-from ..modules.weight_norm import WeightNormLinear, linear_std
+from ..modules.weight_norm import WeightNormLinear, current_inference_pass, folded_product, linear_std
 from .encoder import ConvS2SEncoderOut
 from .layer_spec import ConvLayer
 
@@ -24,8 +24,13 @@ class ConvS2SDecoder(FairseqIncrementalDecoder):
     then ``softmax(W_o h^L + b_o)`` through a linear map to the output embedding width.
 
     Incremental decoding (beam search) keeps, per block, a window of the last ``k - 1`` block inputs and applies
-    the convolution as one matrix product per step; the encoder's keys and values come in once per source.
+    the convolution as one matrix product per step; the encoder's keys and values come in once per source. At
+    inference a step calls every product with its weights folded for the pass (``_folded_products``), not
+    through the modules.
     """
+
+    # incremental steps at inference call the folded products (False: through the modules, as in training)
+    use_folded_products = True
 
     def __init__(
         self,
@@ -100,48 +105,108 @@ class ConvS2SDecoder(FairseqIncrementalDecoder):
     ) -> Tuple[Tensor, Optional[Tensor]]:
         if encoder_out is None:
             raise ValueError("the ConvS2S decoder attends to the source: it needs encoder_out")
-        incremental = incremental_state is not None
-        positions = self.embed_positions(prev_output_tokens, incremental_state)
-        tokens = prev_output_tokens[:, -1:] if incremental else prev_output_tokens
-        g = self.dropout_module(self.embed_tokens(tokens) + positions)  # B x T x f, the target embedding
+        if incremental_state is not None:
+            return self._step(prev_output_tokens, encoder_out, incremental_state)
+        positions = self.embed_positions(prev_output_tokens)
+        g = self.dropout_module(self.embed_tokens(prev_output_tokens) + positions)  # B x T x f, the target embedding
         x = self.input_projection(g)  # B x T x d
 
-        windows = self._get_windows(incremental_state) if incremental else {}
         keep_attn = self.need_attn and not self.training
         attn_sum: Optional[Tensor] = None
         outputs = [x]
-        for i, block in enumerate(self.blocks):
-            if incremental:
-                y, windows[str(i)] = block.glu_conv_step(x, windows.get(str(i)))  # B x 1 x d
-            else:
-                y = block.glu_conv(x)  # B x T x d
+        for block in self.blocks:
+            y = block.glu_conv(x)  # B x T x d
             if block.attention is not None:
-                y, attn = block.attention(
-                    y,
-                    g,
-                    encoder_out.keys,
-                    encoder_out.values,
-                    encoder_out.padding_mask,
-                    encoder_out.conditional_input_scale,
-                )
+                y, attn = block.attention(y, g, *encoder_out[:4])
                 if keep_attn:
                     attn_sum = attn if attn_sum is None else attn_sum + attn
             x = block.add_residual(y, outputs)
             outputs.append(x)
-        if incremental:
-            self.set_incremental_state(incremental_state, "conv_windows", windows)
 
         x = self.out_embed_projection(x)  # B x T x out_embed
         attn_avg = attn_sum / self.num_attention_layers if attn_sum is not None else None
         return x, attn_avg
 
+    def _step(
+        self, prev_output_tokens: Tensor, encoder_out: ConvS2SEncoderOut, incremental_state: IncrementalState
+    ) -> Tuple[Tensor, Optional[Tensor]]:
+        """One step of incremental decoding, computed on B x C rows: the last column of prev_output_tokens
+        (B x T) -> features B x 1 x out_embed and the averaged attention B x 1 x S (or None)."""
+        bsz = prev_output_tokens.size(0)
+        folded = self._folded_products()
+        positions = self.embed_positions(prev_output_tokens, incremental_state)  # B x 1 x f
+        g = (self.embed_tokens(prev_output_tokens[:, -1:]) + positions).view(bsz, -1)  # B x f
+        if folded is None:
+            g = self.dropout_module(g)
+            x = self.input_projection(g)  # B x d
+        else:
+            x = folded.input_projection(g)
+
+        windows = self.get_incremental_state(incremental_state, "conv_windows")
+        windows = dict(windows) if windows is not None else {}
+        keep_attn = self.need_attn and not self.training
+        attn_sum: Optional[Tensor] = None
+        outputs = [x]
+        for i, block in enumerate(self.blocks):
+            products = folded.blocks[i] if folded is not None else _BlockProducts(None, None, None, None)
+            y, windows[str(i)] = block.glu_conv_step(x, windows.get(str(i)), products.conv)  # B x d
+            if block.attention is not None:
+                y, attn = attend(
+                    y,
+                    g,
+                    *encoder_out[:4],
+                    products.query or block.attention.query_projection,
+                    products.output or block.attention.output_projection,
+                    block.attention.query_scale,
+                )  # attn: B x S
+                if keep_attn:
+                    attn_sum = attn if attn_sum is None else attn_sum + attn
+            x = block.add_residual(y, outputs, products.residual)
+            outputs.append(x)
+        self.set_incremental_state(incremental_state, "conv_windows", windows)
+
+        x = (folded.out_embed_projection if folded is not None else self.out_embed_projection)(x)
+        attn_avg = attn_sum.unsqueeze(1) / self.num_attention_layers if attn_sum is not None else None
+        return x.unsqueeze(1), attn_avg  # B x 1 x out_embed, B x 1 x S
+
     def output_layer(self, features: Tensor, **unused) -> Tensor:
         """B x T x out_embed -> B x T x V logits: dropout, then W_o."""
-        return self.output_projection(self.dropout_module(features))
+        folded = self._folded_products() if not torch.is_grad_enabled() else None
+        if folded is None:
+            return self.output_projection(self.dropout_module(features))
+        return folded.output_projection(features.reshape(-1, features.size(-1))).view(*features.shape[:-1], -1)
 
-    def _get_windows(self, incremental_state: IncrementalState) -> Dict[str, Optional[Tensor]]:
-        windows = self.get_incremental_state(incremental_state, "conv_windows")
-        return dict(windows) if windows is not None else {}
+    def _folded_products(self) -> Optional["_FoldedProducts"]:
+        """The decoder's products with the weights folded for the current inference pass, or None where they
+        cannot stand for the layers: gradients on, a dropout active (training, or fairseq's --retain-dropout),
+        or turned off (``use_folded_products``).
+
+        Porting note: fconv runs every step through its modules. Here a step calls the products directly,
+        looked up once per pass (an encoder forward), so a weight edited in place between two steps of one
+        batch is seen from the next batch on (between batches, as ever, at once)."""
+        if torch.is_grad_enabled() or not self.use_folded_products:
+            return None
+        inference_pass = current_inference_pass()
+        cached = self.__dict__.get("_folded")
+        if cached is None or cached[0] != inference_pass:
+            active_dropout = any(
+                m.p > 0 and (m.training or m.apply_during_inference)
+                for m in self.modules()
+                if isinstance(m, FairseqDropout)
+            )
+            cached = (inference_pass, None if active_dropout else _FoldedProducts.of(self))
+            self.__dict__["_folded"] = cached
+        return cached[1]
+
+    def __getstate__(self):
+        # copies and pickles leave the folded products behind (oneDNN's packed tensors have no storage)
+        return {k: v for k, v in super().__getstate__().items() if k != "_folded"}
+
+    def reorder_incremental_state_scripting(self, incremental_state: IncrementalState, new_order: Tensor) -> None:
+        """What fairseq's beam search calls at every step. Porting note (fconv): fairseq's version walks every
+        submodule for one with state to reorder (fconv's convolutions keep their own); here only the decoder
+        keeps state, so the walk, a few percent of a small model's step, is skipped."""
+        self.reorder_incremental_state(incremental_state, new_order)
 
     def reorder_incremental_state(self, incremental_state: IncrementalState, new_order: Tensor) -> None:
         """Beam search reordered or pruned hypotheses: select the same rows of every cached window."""
@@ -157,3 +222,38 @@ class ConvS2SDecoder(FairseqIncrementalDecoder):
     def make_generation_fast_(self, need_attn: bool = False, **kwargs) -> None:
         """Only compute the averaged attention when it is asked for (``--print-alignment``)."""
         self.need_attn = need_attn
+
+
+class _BlockProducts(NamedTuple):
+    """One block's products for a pass (None: the block's own modules)."""
+
+    conv: Optional[Callable[[Tensor], Tensor]]  # B x k*in -> B x 2*out, the convolution over a window
+    residual: Optional[Callable[[Tensor], Tensor]]
+    query: Optional[Callable[[Tensor], Tensor]]  # attention's W_d
+    output: Optional[Callable[[Tensor], Tensor]]  # attention's W_c
+
+
+class _FoldedProducts(NamedTuple):
+    """Every product of a decoding step, as ``folded_product`` makes them for one inference pass."""
+
+    input_projection: Callable[[Tensor], Tensor]
+    blocks: List[_BlockProducts]
+    out_embed_projection: Callable[[Tensor], Tensor]
+    output_projection: Callable[[Tensor], Tensor]
+
+    @classmethod
+    def of(cls, decoder: "ConvS2SDecoder") -> "_FoldedProducts":
+        blocks = []
+        for b in decoder.blocks:
+            residual = folded_product(b.residual_projection) if b.residual_projection is not None else None
+            query = output = None
+            if b.attention is not None:
+                query = folded_product(b.attention.query_projection)
+                output = folded_product(b.attention.output_projection)
+            blocks.append(_BlockProducts(folded_product(b.conv), residual, query, output))
+        return cls(
+            folded_product(decoder.input_projection),
+            blocks,
+            folded_product(decoder.out_embed_projection),
+            folded_product(decoder.output_projection),
+        )

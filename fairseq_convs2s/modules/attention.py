@@ -1,10 +1,9 @@
 """Multi-step attention (paper 3.3): every attending decoder layer looks at the source on its own."""
 
 import math
-from typing import Optional, Tuple
+from typing import Callable, Optional, Tuple
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .weight_norm import WeightNormLinear, linear_std
@@ -38,26 +37,54 @@ class MultiStepAttention(nn.Module):
         key_padding_mask: Optional[Tensor],
         conditional_input_scale: Tensor,
     ) -> Tuple[Tensor, Tensor]:
-        """
-        h: B x T x d (the GLU output of this layer); target_embedding g: B x T x f;
-        keys z: B' x S x f; values (z + e): B' x S x f; key_padding_mask: B' x S (True at pads) or None;
-        conditional_input_scale: B' x 1 x 1, m * sqrt(1/m) with m the non-pad source length.
-        B = B' * G: rows r * G .. r * G + G - 1 (beam search's hypotheses of one sentence) attend to source r.
-        Returns the new h (B x T x d) and the attention weights (B x T x S).
-        """
-        residual = h
-        bsz, tgt_len, _ = h.shape
-        sources, src_len = keys.size(0), keys.size(1)
-        d = (self.query_projection(h) + target_embedding) * self.query_scale  # B x T x f
-        d = d.view(sources, -1, d.size(2))  # B' x G*T x f: a source's G hypotheses in one product
-        scores = torch.bmm(d, keys.transpose(1, 2))  # B' x G*T x S
-        if key_padding_mask is not None:
-            scores = scores.masked_fill(key_padding_mask.unsqueeze(1), float("-inf"))
-        attn = F.softmax(scores.float(), dim=-1).type_as(scores)  # softmax in fp32 for fp16/bf16 training
-        conditional_input = torch.bmm(attn, values) * conditional_input_scale  # B' x G*T x f
-        conditional_input = conditional_input.view(bsz, tgt_len, -1)  # B x T x f
-        h = (self.output_projection(conditional_input) + residual) * math.sqrt(0.5)  # B x T x d
-        return h, attn.view(bsz, tgt_len, src_len)
+        """See :func:`attend`; this layer's own projections."""
+        return attend(
+            h,
+            target_embedding,
+            keys,
+            values,
+            key_padding_mask,
+            conditional_input_scale,
+            self.query_projection,
+            self.output_projection,
+            self.query_scale,
+        )
+
+
+def attend(
+    h: Tensor,
+    target_embedding: Tensor,
+    keys: Tensor,
+    values: Tensor,
+    key_padding_mask: Optional[Tensor],
+    conditional_input_scale: Tensor,
+    query_projection: Callable[[Tensor], Tensor],
+    output_projection: Callable[[Tensor], Tensor],
+    query_scale: float,
+) -> Tuple[Tensor, Tensor]:
+    """Multi-step attention of one layer, its projections W_d and W_c given (the layer's modules, or the
+    decoder's folded products during incremental decoding).
+
+    h: B x T x d (the GLU output of this layer), or B x d for one decoding step; target_embedding g: the same
+    with f; keys z: B' x S x f; values (z + e): B' x S x f; key_padding_mask: B' x S (True at pads) or None;
+    conditional_input_scale: B' x 1 x 1, m * sqrt(1/m) with m the non-pad source length.
+    B = B' * G: rows r * G .. r * G + G - 1 (beam search's hypotheses of one sentence) attend to source r.
+    Returns the new h (shaped as h) and the attention weights (B x T x S, or B x S).
+    """
+    residual = h
+    sources, src_len = keys.size(0), keys.size(1)
+    d = (query_projection(h) + target_embedding) * query_scale  # B x T x f
+    d = d.view(sources, -1, d.size(-1))  # B' x G*T x f: a source's G hypotheses in one product
+    scores = torch.bmm(d, keys.transpose(1, 2))  # B' x G*T x S
+    if key_padding_mask is not None:
+        scores = scores.masked_fill(key_padding_mask.unsqueeze(1), float("-inf"))
+    attn = scores.softmax(dim=-1, dtype=torch.float32)  # in fp32 for fp16/bf16 training
+    if attn.dtype != scores.dtype:
+        attn = attn.type_as(scores)
+    conditional_input = torch.bmm(attn, values) * conditional_input_scale  # B' x G*T x f
+    conditional_input = conditional_input.view(*h.shape[:-1], -1)  # B x T x f
+    h = (output_projection(conditional_input) + residual) * math.sqrt(0.5)  # B x T x d
+    return h, attn.view(*h.shape[:-1], src_len)
 
 
 def value_scale_for(scaling: str) -> float:

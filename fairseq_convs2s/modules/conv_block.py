@@ -1,7 +1,7 @@
 """One convolutional block (paper 3.2): dropout, a 1-D convolution to 2d channels, a GLU, a scaled residual."""
 
 import math
-from typing import List, Optional, Sequence, Tuple
+from typing import Callable, List, Optional, Sequence, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -57,29 +57,37 @@ class ConvBlock(nn.Module):
             x = self.conv(F.pad(x, (0, 0, 0, 0, left, right)))  # pad the time dim: causal, or an even kernel
         return F.glu(x, dim=2).transpose(0, 1)  # T x B x out -> B x T x out
 
-    def glu_conv_step(self, x: Tensor, window: Optional[Tensor]) -> Tuple[Tensor, Optional[Tensor]]:
-        """One decoding step of a causal block: x: B x 1 x in, window: the previous k - 1 inputs, B x (k-1) x in.
+    def glu_conv_step(
+        self, x: Tensor, window: Optional[Tensor], product: Optional[Callable[[Tensor], Tensor]] = None
+    ) -> Tuple[Tensor, Optional[Tensor]]:
+        """One decoding step of a causal block: x: B x in, the new input; window: the previous k - 1 inputs,
+        flattened time-major, B x (k-1)*in (None at the first step, which sees the left zero padding).
 
-        Returns the GLU output (B x 1 x out) and the next window. The conv becomes one matrix product with the
-        kernel flattened to out x (k * in), over the window plus the new input.
+        Returns the GLU output (B x out) and the next window. The conv becomes one matrix product with the
+        kernel flattened to out x (k * in), over the window plus the new input. ``product``, when given, is
+        that product with the weights folded for the pass, and no dropout is active (the decoder's
+        ``FoldedProduct``); otherwise this block's dropout and convolution.
         """
-        x = self.dropout_module(x)
-        bsz = x.size(0)
+        if product is None:
+            x = self.dropout_module(x)
+            product = self.conv.forward_window
         if self.kernel_size > 1:
-            if window is None:  # the first step sees the left zero padding
-                window = x.new_zeros(bsz, self.kernel_size - 1, x.size(2))
-            x = torch.cat([window, x], dim=1)  # B x k x in
-            window = x[:, 1:]
-        y = self.conv.forward_window(x.reshape(bsz, -1))  # B x 2*out
-        return F.glu(y, dim=1).unsqueeze(1), window  # B x 1 x out
+            if window is None:
+                window = x.new_zeros(x.size(0), (self.kernel_size - 1) * x.size(1))
+            x = torch.cat([window, x], dim=1)  # B x k*in
+            window = x[:, x.size(1) // self.kernel_size :]  # drop the oldest input
+        return F.glu(product(x), dim=1), window  # B x out
 
-    def add_residual(self, x: Tensor, outputs: List[Tensor]) -> Tensor:
-        """(x + residual) * sqrt(0.5), the residual taken ``self.residual`` outputs back in ``outputs``."""
+    def add_residual(
+        self, x: Tensor, outputs: List[Tensor], projection: Optional[Callable[[Tensor], Tensor]] = None
+    ) -> Tensor:
+        """(x + residual) * sqrt(0.5), the residual taken ``self.residual`` outputs back in ``outputs``;
+        ``projection`` stands for ``residual_projection`` (the decoder's folded product for a pass)."""
         if self.residual == 0:
             return x
         residual = outputs[-self.residual]
         if self.residual_projection is not None:
-            residual = self.residual_projection(residual)
+            residual = (projection or self.residual_projection)(residual)
         return (x + residual) * math.sqrt(0.5)
 
 

@@ -169,6 +169,14 @@ def _onednn_linear(x: Tensor, weight: Tensor, bias: Optional[Tensor]) -> Tensor:
     return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
 
 
+def inference_weight(layer: _WeightNorm, name: str, weight: Callable[[], Tensor], onednn: bool) -> Tensor:
+    """``W`` (``weight()``, out x in) in the form one inference product takes, cached in ``layer`` under ``name``
+    for the pass: packed for oneDNN, or ``W^T`` for MKL."""
+    if onednn:
+        return layer._derived(name + ".onednn", lambda: torch.ops.mkldnn._reorder_linear_weight(weight(), None))
+    return layer._derived(name + ".t", lambda: weight().t().contiguous())
+
+
 def inference_linear(layer: _WeightNorm, name: str, weight: Callable[[], Tensor], x: Tensor, bias: Tensor) -> Tensor:
     """``x W^T + b`` while gradients are off, ``weight()`` giving ``W`` (out x in); x: N x in -> N x out.
 
@@ -176,9 +184,53 @@ def inference_linear(layer: _WeightNorm, name: str, weight: Callable[[], Tensor]
     ``W^T`` folded once per pass. Both caches live in ``layer``'s inference cache under ``name``.
     """
     if _use_onednn(x, bias.size(0)):
-        packed = layer._derived(name + ".onednn", lambda: torch.ops.mkldnn._reorder_linear_weight(weight(), None))
-        return _onednn_linear(x, packed, bias)
-    return torch.addmm(bias, x, layer._derived(name + ".t", lambda: weight().t().contiguous()))
+        return _onednn_linear(x, inference_weight(layer, name, weight, True), bias)
+    return torch.addmm(bias, x, inference_weight(layer, name, weight, False))
+
+
+class FoldedProduct:
+    """``x W^T + b`` of one weight-normalized layer for the decoding steps of one inference pass.
+
+    The choice and the weights of :func:`inference_linear`, looked up in the layer once per pass and form
+    instead of at every call: a beam-search step of a small model is a few dozen small products, where the
+    lookup (a cache key of storages and versions) and the module call cost as much as the product.
+    x: N x in -> N x out, gradients off.
+    """
+
+    __slots__ = ("_layer", "_name", "_weight", "_bias", "_weight_size", "_forms")
+
+    def __init__(self, layer: _WeightNorm, name: str, weight: Callable[[], Tensor], in_features: int):
+        self._layer, self._name, self._weight = layer, name, weight
+        self._bias = layer.bias
+        self._weight_size = in_features * layer.bias.size(0)
+        self._forms: list = [None, None]  # [W^T for MKL, W packed for oneDNN], fetched on first use
+
+    def __call__(self, x: Tensor) -> Tensor:
+        onednn = (
+            self._weight_size >= ONEDNN_MIN_WEIGHT
+            and x.size(0) * self._weight_size >= ONEDNN_MIN_MACS
+            and x.device.type == "cpu"
+            and x.dtype in _onednn_dtypes
+        )
+        w = self._forms[onednn]
+        if w is None:
+            w = self._forms[onednn] = inference_weight(self._layer, self._name, self._weight, onednn)
+        return _onednn_linear(x, w, self._bias) if onednn else torch.addmm(self._bias, x, w)
+
+
+def folded_product(layer: nn.Module) -> Callable[[Tensor], Tensor]:
+    """The product of a layer for one inference pass: a :class:`FoldedProduct` for a weight-normalized layer
+    (its ``W``, or a convolution's kernel as one matrix), the layer itself otherwise (a plain ``nn.Linear``)."""
+    if isinstance(layer, WeightNormLinear):
+        return FoldedProduct(layer, "weight", layer._fold, layer.in_features)
+    if isinstance(layer, WeightNormConvTBC):
+        return FoldedProduct(layer, "linearized", layer._linearize, layer.kernel_size * layer.in_channels)
+    return layer
+
+
+def current_inference_pass() -> int:
+    """Changes at every :func:`start_inference_pass`: what a per-pass cache is keyed by."""
+    return _inference_pass
 
 
 class _OneDNNLinear(torch.autograd.Function):
