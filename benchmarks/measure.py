@@ -8,7 +8,7 @@ import statistics
 import subprocess
 import threading
 import time
-from typing import Callable, Dict, List, Optional
+from typing import Callable, Dict, List, Optional, Tuple
 
 import torch
 from fairseq.criterions.label_smoothed_cross_entropy import label_smoothed_nll_loss
@@ -327,21 +327,22 @@ def gpu_peak_mib(device: torch.device) -> Optional[float]:
 
 
 class Stopwatch:
-    """Accumulates the wall time spent in chosen modules' ``forward`` (fairseq's generator calls the encoder's
-    and decoder's ``forward`` directly, past any hooks, so the instance's ``forward`` is wrapped instead)."""
+    """Accumulates the wall time spent in chosen methods, each given as (object, method name). fairseq's
+    generator calls the encoder's and decoder's ``forward`` directly, past any hooks, so the instance's method
+    is wrapped instead."""
 
-    def __init__(self, modules: Dict[str, torch.nn.Module], device: torch.device):
-        self.total = {name: 0.0 for name in modules}
+    def __init__(self, methods: Dict[str, Tuple[object, str]], device: torch.device):
+        self.total = {name: 0.0 for name in methods}
         self.device = device
-        self._modules = list(modules.values())
-        for name, module in modules.items():
-            module.forward = self._timed(name, module.forward)
+        self._wrapped = list(methods.values())
+        for name, (owner, method) in methods.items():
+            setattr(owner, method, self._timed(name, getattr(owner, method)))
 
-    def _timed(self, name: str, forward: Callable) -> Callable:
+    def _timed(self, name: str, method: Callable) -> Callable:
         def timed(*args, **kwargs):
             sync(self.device)
             start = time.perf_counter()
-            out = forward(*args, **kwargs)
+            out = method(*args, **kwargs)
             sync(self.device)
             self.total[name] += time.perf_counter() - start
             return out
@@ -349,14 +350,26 @@ class Stopwatch:
         return timed
 
     def remove(self):
-        for module in self._modules:
-            del module.forward  # the class's forward again
+        for owner, method in self._wrapped:
+            delattr(owner, method)  # the class's method again
 
 
-def generation_split(model, vocab_projection: torch.nn.Module, run: Callable[[], object], device) -> Dict[str, float]:
+def vocabulary_projection(model) -> Tuple[object, str]:
+    """The method a model's decoder multiplies by the output vocabulary in: fconv's ``fc3``; convs2s's
+    ``output_layer`` (its decoding steps call the projection's folded product, not the module)."""
+    fc3 = getattr(model.decoder, "fc3", None)
+    return (fc3, "forward") if fc3 is not None else (model.decoder, "output_layer")
+
+
+def generation_split(model, run: Callable[[], object], device) -> Dict[str, float]:
     """Seconds of one generation run spent in the encoder, in the decoder's vocabulary projection, in the rest
     of the decoder, and outside the model (fairseq's beam search: log-softmax, top-k, bookkeeping)."""
-    watch = Stopwatch({"encoder": model.encoder, "decoder": model.decoder, "vocab": vocab_projection}, device)
+    methods = {
+        "encoder": (model.encoder, "forward"),
+        "decoder": (model.decoder, "forward"),
+        "vocab": vocabulary_projection(model),
+    }
+    watch = Stopwatch(methods, device)
     start = time.perf_counter()
     run()
     total = time.perf_counter() - start

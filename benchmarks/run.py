@@ -138,7 +138,6 @@ def limits(args, device, training_rows: List[Dict], peaks: Dict[str, float]) -> 
     size = SIZES["iwslt"]
     dictionary = make_dictionary(size.vocab)
     fconv, convs2s = (measure.prepare_for_generation(m.to(device), 5) for m in build_pair(size, dictionary, 0.0))
-    projections = {"fconv": fconv.decoder.fc3, "convs2s": convs2s.decoder.output_projection}
     out: Dict[str, List[Dict]] = {"generation": [], "training": []}
     for batch in (1, 16, 128):
         sentences = max(batch, 4 if args.quick else 16)
@@ -147,7 +146,7 @@ def limits(args, device, training_rows: List[Dict], peaks: Dict[str, float]) -> 
         for name, model in (("fconv", fconv), ("convs2s", convs2s)):
             run, _ = measure.generator_fn(model, dictionary, samples, 5, args.src_len)
             run()  # warm-up
-            splits = [measure.generation_split(model, projections[name], run, device) for _ in range(3)]
+            splits = [measure.generation_split(model, run, device) for _ in range(3)]
             row[name] = {key: measure.median([split[key] for split in splits]) for key in splits[0]}
         c = row["convs2s"]
         row["bound"] = row["fconv"]["total"] / (c["vocab_projection"] + c["beam_search"] + c["encoder"])

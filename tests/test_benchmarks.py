@@ -45,3 +45,21 @@ def test_count_flops_counts_the_onednn_training_linear():
     assert weight_norm._use_onednn(x, 1024) == torch.backends.mkldnn.is_available()
     flops = count_flops(lambda: weight_norm.training_linear(x, weight, bias).sum().backward())
     assert flops == 3 * 2 * 64 * 512 * 1024
+
+
+def test_generation_split_times_each_models_vocabulary_projection():
+    # convs2s's decoding steps call the projection's folded product, not the module: a split that timed the
+    # module's forward saw no vocabulary time at all and charged it to the decoder body
+    from benchmarks.measure import generation_split, generator_fn, prepare_for_generation, source_batches
+    from benchmarks.pair import Size, build_pair, make_dictionary
+
+    size = Size("convs2s_iwslt_de_en", "[(16, 3)] * 2", "[(16, 3)] * 2", 16, 16, 40)
+    dictionary = make_dictionary(size.vocab)
+    samples = source_batches(dictionary, 2, 5, 2, torch.device("cpu"))
+    for model in build_pair(size, dictionary, dropout=0.0):
+        model = prepare_for_generation(model, 2)
+        run, _ = generator_fn(model, dictionary, samples, 2, 5)
+        split = generation_split(model, run, torch.device("cpu"))
+        assert split["vocab_projection"] > 0 and split["decoder_body"] > 0 and split["encoder"] > 0
+        parts = split["encoder"] + split["vocab_projection"] + split["decoder_body"] + split["beam_search"]
+        assert abs(parts - split["total"]) < 1e-9
