@@ -14,7 +14,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Dict, List
+from typing import Dict, List, Tuple
 
 import torch
 
@@ -36,8 +36,26 @@ def parse_args(argv=None):
     p.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     p.add_argument("--out", default=str(RESULTS), help="folder for the JSON and the plot")
     p.add_argument("--markdown", default="BENCHMARKS.md", help="file whose tables are rewritten ('' for none)")
+    p.add_argument(
+        "--split",
+        type=_split_cells,
+        metavar="SIZE:BATCH,...",
+        help="only the time split of beam-5 generation (and its bound) for these cells, e.g. wmt_en_de:128; "
+        "printed and written to split_<device>.json, BENCHMARKS.md left alone",
+    )
     p.add_argument("--memory-worker", nargs=2, metavar=("IMPL", "SIZE"), help=argparse.SUPPRESS)
     return p.parse_args(argv)
+
+
+def _split_cells(text: str) -> List[Tuple[str, int]]:
+    """``--split``'s cells: SIZE:BATCH pairs, SIZE one of the harness's sizes."""
+    cells = []
+    for cell in text.split(","):
+        size, _, batch = cell.partition(":")
+        if size not in SIZES or not batch.isdigit() or int(batch) < 1:
+            raise argparse.ArgumentTypeError(f"{cell!r}: expected SIZE:BATCH with SIZE one of {sorted(SIZES)}")
+        cells.append((size, int(batch)))
+    return cells
 
 
 def log(msg: str) -> None:
@@ -135,23 +153,10 @@ def limits(args, device, training_rows: List[Dict], peaks: Dict[str, float]) -> 
     Training: an update costs at least the vocabulary part (measured alone) plus the body's FLOPs at the matmul
     peak; fconv's update time over that is the bound.
     """
+    generation_rows = generation_split("iwslt", (1, 16, 128), args, device, peaks["fp32"])
+    out: Dict[str, List[Dict]] = {"generation": generation_rows, "training": []}
     size = SIZES["iwslt"]
     dictionary = make_dictionary(size.vocab)
-    fconv, convs2s = (measure.prepare_for_generation(m.to(device), 5) for m in build_pair(size, dictionary, 0.0))
-    out: Dict[str, List[Dict]] = {"generation": [], "training": []}
-    for batch in (1, 16, 128):
-        sentences = max(batch, 4 if args.quick else 16)
-        samples = measure.source_batches(dictionary, sentences, args.src_len, batch, device)
-        row: Dict = {"size": "iwslt", "beam": 5, "batch": batch}
-        for name, model in (("fconv", fconv), ("convs2s", convs2s)):
-            run, _ = measure.generator_fn(model, dictionary, samples, 5, args.src_len)
-            run()  # warm-up
-            splits = [measure.generation_split(model, run, device) for _ in range(3)]
-            row[name] = {key: measure.median([split[key] for split in splits]) for key in splits[0]}
-        c = row["convs2s"]
-        row["bound"] = row["fconv"]["total"] / (c["vocab_projection"] + c["beam_search"] + c["encoder"])
-        log(f"limits generate batch {batch}: {row}")
-        out["generation"].append(row)
     sentences = 16 if args.quick else 64
     sample = measure.train_sample(dictionary, sentences, args.src_len, device)
     vocab_s = measure.vocabulary_step_seconds(sample, size.out_embed_dim, size.vocab, dictionary.pad(), 11, device)
@@ -170,6 +175,60 @@ def limits(args, device, training_rows: List[Dict], peaks: Dict[str, float]) -> 
         log(f"limits train: {row}")
         out["training"].append(row)
     return out
+
+
+def generation_split(size_name: str, batches, args, device, peak_gflops: float) -> List[Dict]:
+    """Each model's beam-5 run split into encoder, decoder body, vocabulary projection and fairseq's beam search
+    (medians of 3 runs), and two bounds on convs2s's speed-up: fconv's total over convs2s's all but its body
+    (``bound_body_free``), and over its beam search plus the model's FLOPs at the matmul peak
+    (``bound_at_peak``: what any implementation doing this arithmetic needs). ``bound`` is the lower."""
+    size = SIZES[size_name]
+    dictionary = make_dictionary(size.vocab)
+    fconv, convs2s = (measure.prepare_for_generation(m.to(device), 5) for m in build_pair(size, dictionary, 0.0))
+    rows = []
+    for batch in batches:
+        sentences = max(batch, 4 if args.quick else 16)
+        samples = measure.source_batches(dictionary, sentences, args.src_len, batch, device)
+        row: Dict = {"size": size_name, "beam": 5, "batch": batch}
+        for name, model in (("fconv", fconv), ("convs2s", convs2s)):
+            run, _ = measure.generator_fn(model, dictionary, samples, 5, args.src_len)
+            run()  # warm-up
+            splits = [measure.generation_split(model, run, device) for _ in range(3)]
+            row[name] = {key: measure.median([split[key] for split in splits]) for key in splits[0]}
+            row[name]["gflop"] = measure.count_flops(run) / 1e9
+        c, fconv_s = row["convs2s"], row["fconv"]["total"]
+        row["bound_body_free"] = fconv_s / (c["vocab_projection"] + c["beam_search"] + c["encoder"])
+        row["bound_at_peak"] = fconv_s / (c["beam_search"] + c["gflop"] / peak_gflops)
+        row["bound"] = min(row["bound_body_free"], row["bound_at_peak"])
+        log(f"limits generate {size_name} batch {batch}: {row}")
+        rows.append(row)
+    return rows
+
+
+def split_only(args, device) -> None:
+    """``--split``: the generation split of the cells asked for, on their own."""
+    results = {"machine": measure.describe_machine(device), "args": {"src_len": args.src_len, "split": args.split}}
+    peak = matmul_peaks(device)["fp32"]
+    results["machine"]["matmul_gflops_fp32"] = peak
+    results["generation"] = [
+        row for size, batch in args.split for row in generation_split(size, (batch,), args, device, peak)
+    ]
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / f"split_{args.device}.json"
+    path.write_text(json.dumps(results, indent=1) + "\n")
+    for r in results["generation"]:
+        parts = ", ".join(
+            f"{impl} {r[impl]['total']:.2f} s (encoder {r[impl]['encoder']:.2f}, body {r[impl]['decoder_body']:.2f}, "
+            f"vocabulary {r[impl]['vocab_projection']:.2f}, beam search {r[impl]['beam_search']:.2f})"
+            for impl in IMPLS
+        )
+        print(
+            f"{r['size']} beam 5 batch {r['batch']}: {parts}; convs2s {r['convs2s']['gflop']:.0f} GFLOP, "
+            f"matmul peak {peak:.0f} GFLOP/s; bound {r['bound_body_free']:.2f}x with the body free, "
+            f"{r['bound_at_peak']:.2f}x with all arithmetic at the peak"
+        )
+    log(f"wrote {path}")
 
 
 def matmul_peaks(device) -> Dict[str, float]:
@@ -258,6 +317,9 @@ def main(argv=None) -> None:
     measure.use_threads(args.threads)
     if args.memory_worker:
         memory_worker(args, device)
+        return
+    if args.split:
+        split_only(args, device)
         return
     started = time.time()
     machine = measure.describe_machine(device)

@@ -45,6 +45,11 @@ class LearnedPositionalEmbedding(nn.Embedding):
             )
         if incremental_state is not None:
             # every hypothesis is at the same step: position padding_idx + step (targets are never left-padded)
-            return self.weight[self.padding_idx + length].view(1, 1, -1).expand(tokens.size(0), 1, -1)
+            row = self.weight[self.padding_idx + length]  # C
+            if not torch.is_grad_enabled():
+                # a view of a parameter reports requires_grad even under no_grad, with no graph behind it
+                # (torch's FLOP counter, for one, refuses such a module output)
+                row = row.detach()
+            return row.view(1, 1, -1).expand(tokens.size(0), 1, -1)
         positions = utils.make_positions(tokens, self.padding_idx, onnx_trace=False)  # B x T, pads stay padding_idx
         return super().forward(positions)
