@@ -170,8 +170,8 @@ class ConvS2SDecoder(FairseqIncrementalDecoder):
         return x.unsqueeze(1), attn_avg  # B x 1 x out_embed, B x 1 x S
 
     def output_layer(self, features: Tensor, **unused) -> Tensor:
-        """B x T x out_embed -> B x T x V logits: dropout, then W_o."""
-        folded = self._folded_products() if not torch.is_grad_enabled() else None
+        """B x T x out_embed -> B x T x V logits: dropout, then W_o (at inference, its folded product)."""
+        folded = self._folded_products()
         if folded is None:
             return self.output_projection(self.dropout_module(features))
         return folded.output_projection(features.reshape(-1, features.size(-1))).view(*features.shape[:-1], -1)
