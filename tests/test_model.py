@@ -87,17 +87,18 @@ def test_beam_orders_keep_one_encoder_row_per_source():
     torch.testing.assert_close(last, full[:, -1:], atol=1e-5, rtol=1e-5)
 
 
-def test_inference_steps_call_folded_products_and_decode_as_the_modules():
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_inference_steps_call_folded_products_and_decode_as_the_modules(dtype):
     """At inference a decoding step calls the decoder's products folded for the pass, not its modules, and
     decodes exactly as the modules do through beam search's expand and reorder (oneDNN and MKL products both:
-    full widths); with gradients on or a dropout retained (fairseq's --retain-dropout) it goes through the
-    modules; a copy of a model that decoded decodes the same."""
+    full widths; fp32 and bf16, as fairseq-generate --bf16 runs it); with gradients on or a dropout retained
+    (fairseq's --retain-dropout) it goes through the modules; a copy of a model that decoded decodes the same."""
     import copy
 
     from fairseq.modules import FairseqDropout
 
     seed_all(0)
-    model = build_model("convs2s_iwslt_de_en", shrink=False, dropout=0.1).eval()
+    model = build_model("convs2s_iwslt_de_en", shrink=False, dropout=0.1).eval().to(dtype)
     d = model.encoder.dictionary
     src = random_batch(d, [6, 9, 4], seed=3)
     prev = random_batch(d, [6] * 6, seed=4, left_pad=False)
