@@ -67,8 +67,8 @@ def _limits(limits) -> List[str]:
                     f"{r['bound_at_peak']:.2f}x" if impl == "convs2s" and "bound_at_peak" in r else "",
                 ]
             )
-    header = ["batch", "model", "total", "encoder", "decoder body", "vocab projection", "beam search", "body free"]
-    header.append("at peak")
+    header = ["batch", "model", "total", "encoder", "decoder body", "vocab projection", "beam search"]
+    header += ["body free", "at peak"]
     parts += [_table(header, rows), ""]
     for r in limits["training"]:
         text = (

@@ -153,7 +153,7 @@ def limits(args, device, training_rows: List[Dict], peaks: Dict[str, float]) -> 
     Training: an update costs at least the vocabulary part (measured alone) plus the body's FLOPs at the matmul
     peak; fconv's update time over that is the bound.
     """
-    generation_rows = generation_split("iwslt", (1, 16, 128), args, device, peaks["fp32"])
+    generation_rows = generation_bounds("iwslt", (1, 16, 128), args, device, peaks["fp32"])
     out: Dict[str, List[Dict]] = {"generation": generation_rows, "training": []}
     size = SIZES["iwslt"]
     dictionary = make_dictionary(size.vocab)
@@ -177,7 +177,7 @@ def limits(args, device, training_rows: List[Dict], peaks: Dict[str, float]) -> 
     return out
 
 
-def generation_split(size_name: str, batches, args, device, peak_gflops: float) -> List[Dict]:
+def generation_bounds(size_name: str, batches, args, device, peak_gflops: float) -> List[Dict]:
     """Each model's beam-5 run split into encoder, decoder body, vocabulary projection and fairseq's beam search
     (medians of 3 runs), and two bounds on convs2s's speed-up: fconv's total over convs2s's all but its body
     (``bound_body_free``), and over its beam search plus the model's FLOPs at the matmul peak
@@ -211,7 +211,7 @@ def split_only(args, device) -> None:
     peak = matmul_peaks(device)["fp32"]
     results["machine"]["matmul_gflops_fp32"] = peak
     results["generation"] = [
-        row for size, batch in args.split for row in generation_split(size, (batch,), args, device, peak)
+        row for size, batch in args.split for row in generation_bounds(size, (batch,), args, device, peak)
     ]
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

@@ -148,7 +148,7 @@ class ConvS2SDecoder(FairseqIncrementalDecoder):
         attn_sum: Optional[Tensor] = None
         outputs = [x]
         for i, block in enumerate(self.blocks):
-            products = folded.blocks[i] if folded is not None else _BlockProducts(None, None, None, None)
+            products = folded.blocks[i] if folded is not None else _THROUGH_MODULES
             y, windows[str(i)] = block.glu_conv_step(x, windows.get(str(i)), products.conv)  # B x d
             if block.attention is not None:
                 y, attn = attend(
@@ -231,6 +231,9 @@ class _BlockProducts(NamedTuple):
     residual: Optional[Callable[[Tensor], Tensor]]
     query: Optional[Callable[[Tensor], Tensor]]  # attention's W_d
     output: Optional[Callable[[Tensor], Tensor]]  # attention's W_c
+
+
+_THROUGH_MODULES = _BlockProducts(None, None, None, None)  # every block product by the block's own modules
 
 
 class _FoldedProducts(NamedTuple):

@@ -159,7 +159,11 @@ class WeightNormConvTBC(_WeightNorm):
 
 def _use_onednn(x: Tensor, out_features: int) -> bool:
     """x: N x in. Large enough products on the CPU, in a dtype oneDNN takes."""
-    weight_size = x.size(1) * out_features
+    return _onednn_pays(x, x.size(1) * out_features)
+
+
+def _onednn_pays(x: Tensor, weight_size: int) -> bool:
+    """x: N x in, times a weight of ``weight_size`` (in x out) entries: :func:`_use_onednn`'s choice."""
     large = weight_size >= ONEDNN_MIN_WEIGHT and x.size(0) * weight_size >= ONEDNN_MIN_MACS
     return large and x.device.type == "cpu" and x.dtype in _onednn_dtypes
 
@@ -206,12 +210,7 @@ class FoldedProduct:
         self._forms: list = [None, None]  # [W^T for MKL, W packed for oneDNN], fetched on first use
 
     def __call__(self, x: Tensor) -> Tensor:
-        onednn = (
-            self._weight_size >= ONEDNN_MIN_WEIGHT
-            and x.size(0) * self._weight_size >= ONEDNN_MIN_MACS
-            and x.device.type == "cpu"
-            and x.dtype in _onednn_dtypes
-        )
+        onednn = _onednn_pays(x, self._weight_size)
         w = self._forms[onednn]
         if w is None:
             w = self._forms[onednn] = inference_weight(self._layer, self._name, self._weight, onednn)
