@@ -12,10 +12,12 @@ logits x and each row's log-sum-exp alone,
     loss_i   = (1 - eps - eps_i) * nll_i + eps_i * smooth_i,   eps_i = eps / (V - 1)   (fairseq's formula)
     dloss_i / dx_ij = (1 - eps - eps_i + V * eps_i) * p_ij - eps_i - (1 - eps - eps_i) * [j = t_i]
 
-so the forward reads the logits once and the backward writes the gradient once, both a few rows at a time
-(cache-sized chunks) so the passes within a chunk hit the cache. Values equal fairseq's to float rounding
-(tested, with the gradient), for any fairseq model whose decoder normalizes by a plain log-softmax; others
-(adaptive softmax, a model with its own ``get_normalized_probs``) fall back to fairseq's computation.
+so the forward reads the logits once and the backward writes the gradient once, on a CPU a few rows at a time
+(cache-sized chunks) so the passes within a chunk hit the cache. On a GPU all rows go at once: there each chunk
+costs a handful of kernel launches, which made the chunked loss slower than fairseq's on an H200. Values equal
+fairseq's to float rounding (tested, with the gradient), for any fairseq model whose decoder normalizes by a
+plain log-softmax; others (adaptive softmax, a model with its own ``get_normalized_probs``) fall back to
+fairseq's computation.
 """
 
 from typing import Tuple
@@ -42,7 +44,7 @@ class _LabelSmoothedFromLogits(torch.autograd.Function):
         eps_i = epsilon / (vocab - 1)
         lse = logits.new_empty(n, dtype=torch.float32)  # N: log sum_j exp x_ij
         row_sum = logits.new_empty(n, dtype=torch.float32)  # N: sum_j x_ij
-        for start, end in _chunks(n, vocab):
+        for start, end in _chunks(n, vocab, logits.device):
             x = logits[start:end].float()  # rows x V, in the cache
             torch.logsumexp(x, dim=-1, out=lse[start:end])
             torch.sum(x, dim=-1, out=row_sum[start:end])
@@ -66,7 +68,7 @@ class _LabelSmoothedFromLogits(torch.autograd.Function):
         softmax_scale = (on_target + vocab * eps_i) * g  # N: the coefficient of p_ij
         grad = torch.empty_like(logits)  # N x V
         fp32 = logits.dtype == torch.float32
-        for start, end in _chunks(n, vocab):
+        for start, end in _chunks(n, vocab, logits.device):
             out = grad[start:end] if fp32 else None  # fp32: written in place, else a chunk to cast
             p = torch.sub(logits[start:end].float(), lse[start:end, None], out=out).exp_()  # rows x V: p_ij
             p.mul_(softmax_scale[start:end, None]).sub_(eps_i * g[start:end, None])
@@ -76,8 +78,9 @@ class _LabelSmoothedFromLogits(torch.autograd.Function):
         return grad, None, None, None
 
 
-def _chunks(n: int, vocab: int):
-    rows = max(1, CHUNK_BYTES // (4 * vocab))
+def _chunks(n: int, vocab: int, device: torch.device):
+    """(start, end) row ranges: about CHUNK_BYTES of fp32 logits each on a CPU, all N rows in one elsewhere."""
+    rows = max(1, CHUNK_BYTES // (4 * vocab)) if device.type == "cpu" else max(n, 1)
     return ((start, min(start + rows, n)) for start in range(0, n, rows))
 
 
