@@ -102,7 +102,7 @@ def training(size_name: str, args, device, peaks: Dict[str, float]) -> List[Dict
     sentences = 16 if args.quick else 64  # 64 x 26 target tokens, about fairseq's --max-tokens 4000 per side
     sample = measure.train_sample(dictionary, sentences, args.src_len, device)
     rows = []
-    for dtype_name, dtype in (("fp32", torch.float32), ("bf16", torch.bfloat16)):
+    for dtype_name, dtype in training_dtypes(device):
         row: Dict = {"size": size_name, "dtype": dtype_name, "target_tokens": sample["ntokens"]}
         if dtype == torch.bfloat16 and peaks["bf16"] < 0.5 * peaks["fp32"]:
             row["skipped"] = (
@@ -231,8 +231,14 @@ def split_only(args, device) -> None:
     log(f"wrote {path}")
 
 
+def training_dtypes(device) -> List[Tuple[str, torch.dtype]]:
+    """fp32 and bf16 everywhere; fp16 too on a GPU (the paper's and fairseq's ``--fp16`` setting)."""
+    dtypes = [("fp32", torch.float32), ("bf16", torch.bfloat16)]
+    return dtypes + [("fp16", torch.float16)] if device.type == "cuda" else dtypes
+
+
 def matmul_peaks(device) -> Dict[str, float]:
-    return {"fp32": measure.matmul_peak(torch.float32, device), "bf16": measure.matmul_peak(torch.bfloat16, device)}
+    return {name: measure.matmul_peak(dtype, device) for name, dtype in training_dtypes(device)}
 
 
 def scaling(args, device) -> Dict[str, List[Dict]]:

@@ -1,9 +1,14 @@
-"""The benchmark harness's FLOP counter: the training bound and the FLOP/s-of-peak column rest on it."""
+"""The benchmark harness: its FLOP counter (the training bound and the FLOP/s-of-peak column rest on it), its time
+split and its report."""
+
+import json
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
 from benchmarks.measure import count_flops
+from benchmarks.report import render
 from fairseq_convs2s.modules import weight_norm
 
 
@@ -63,3 +68,13 @@ def test_generation_split_times_each_models_vocabulary_projection():
         assert split["vocab_projection"] > 0 and split["decoder_body"] > 0 and split["encoder"] > 0
         parts = split["encoder"] + split["vocab_projection"] + split["decoder_body"] + split["beam_search"]
         assert abs(parts - split["total"]) < 1e-9
+
+
+def test_report_gives_gpu_memory_its_own_columns_and_names_each_peak():
+    results = Path(__file__).resolve().parent.parent / "benchmarks" / "results"
+    for device, on_gpu in (("cpu", False), ("cuda", True)):
+        text = render(json.loads((results / f"{device}.json").read_text()), results / "plot.png", results)
+        memory_header = next(line for line in text.splitlines() if line.startswith("| size | model | RSS loaded"))
+        assert ("GPU one update" in memory_header) is on_gpu
+        assert ("GFLOP/s fp16" in text) is on_gpu  # fp16 is timed on a GPU only
+        assert "GFLOP/s fp32" in text and "GFLOP/s bf16" in text
