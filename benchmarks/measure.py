@@ -229,7 +229,7 @@ def matmul_peak(dtype: torch.dtype, device: torch.device, n: int = 0, budget_s: 
     """GFLOP/s of an n^3 matmul (median of up to 5 timed calls within ``budget_s``; n = 2048 on a CPU, 8192 on
     a GPU, where a smaller product is too short to reach the peak): on a CPU the faster of torch's ``a @ b``
     (MKL) and oneDNN's product (``a @ b^T``), which runs about a third faster on this project's AMD machine."""
-    n = n or matmul_peak_size(device)
+    n = n or matmul_peak_size(device.type)
     a = torch.randn(n, n, device=device).to(dtype)
     b = torch.randn(n, n, device=device).to(dtype)
     forms = [lambda: a @ b]
@@ -238,8 +238,8 @@ def matmul_peak(dtype: torch.dtype, device: torch.device, n: int = 0, budget_s: 
     return max(_gflops(form, 2 * n**3, device, budget_s) for form in forms)
 
 
-def matmul_peak_size(device: torch.device) -> int:
-    return 8192 if device.type == "cuda" else 2048
+def matmul_peak_size(device_type: str) -> int:
+    return 8192 if device_type == "cuda" else 2048
 
 
 def _gflops(fn: Callable[[], object], flops: int, device: torch.device, budget_s: float) -> float:

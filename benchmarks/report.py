@@ -5,6 +5,8 @@ import os
 from pathlib import Path
 from typing import Dict, List
 
+from .measure import matmul_peak_size
+
 FUSED = "convs2s_fused_loss"  # the training row's key for convs2s with the fused loss (benchmarks.run)
 
 
@@ -91,9 +93,10 @@ def _peaks_text(machine: Dict) -> str:
     """The matmul peaks the fractions are taken of, as the run measured them."""
     peaks = machine["matmul_gflops"]
     rates = ", ".join(f"{gflops:.1f} GFLOP/s {dtype}" for dtype, gflops in peaks.items())
+    n = matmul_peak_size("cuda" if machine.get("gpu") else "cpu")
     if machine.get("gpu"):
-        return f"8192^3 matmul: {rates} (fp32 without TF32, torch's default)"
-    return f"2048^3 matmul (the faster of MKL and oneDNN): {rates}"
+        return f"{n}^3 matmul: {rates} (fp32 without TF32, torch's default)"
+    return f"{n}^3 matmul (the faster of MKL and oneDNN): {rates}"
 
 
 def render(results: Dict, plot: Path, markdown_dir: Path) -> str:

@@ -53,7 +53,7 @@ def test_loss_and_gradient_equal_fairseqs(epsilon, chunk_bytes, monkeypatch):
 
 
 def test_rows_go_in_cache_sized_chunks_on_a_cpu_and_in_one_elsewhere(monkeypatch):
-    # on a GPU each chunk costs kernel launches: chunked, the loss ran at 0.61x fairseq's on an H200
+    # on a GPU each chunk costs kernel launches: chunked, an update on an H200 ran 0.58x as fast as with fairseq's loss
     monkeypatch.setattr(fused_label_smoothed, "CHUNK_BYTES", 4 * 50 * 8)  # 8 rows of 50 fp32 logits
     cpu = list(fused_label_smoothed._chunks(37, 50, torch.device("cpu")))
     assert cpu == [(0, 8), (8, 16), (16, 24), (24, 32), (32, 37)]
