@@ -30,7 +30,7 @@ def no_fold_cache():
     original = weight_norm._WeightNorm._derived, weight_norm.inference_linear
     weight_norm._WeightNorm._derived = lambda self, name, compute: compute()
     # re-deriving W^T or a packed W as well would charge a copy fconv never pays
-    weight_norm.inference_linear = lambda layer, name, weight, x, bias: F.linear(x, weight(), bias)
+    weight_norm.inference_linear = lambda layer, x, bias: F.linear(x, layer._product_weight(), bias)
     try:
         with module_steps():  # the folded products would keep their weights for the pass
             yield

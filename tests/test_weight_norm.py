@@ -147,3 +147,39 @@ def test_after_make_generation_fast_weights_are_folded_once_for_good():
         torch.testing.assert_close(layer._derived("weight", layer._fold), folded * 2)
     with pytest.raises(RuntimeError, match="cannot train"):
         model.train()
+
+
+def test_make_generation_fast_folds_in_place_with_the_same_outputs_and_no_copy():
+    """The preparation replaces v by the folded weight (and g by its norm): decoding gives bit for bit what it
+    gave before, the products' MKL forms are views of ``weight_v`` (no folded copy beside it), the state dict
+    still describes the same weights, and folding twice changes nothing."""
+    from utils import build_model, full_log_probs, incremental_log_probs, random_batch
+
+    from fairseq_convs2s.modules.weight_norm import _WeightNorm
+
+    model = build_model("convs2s_iwslt_de_en", dropout=0.0).eval()
+    src = random_batch(model.encoder.dictionary, [7, 5], seed=3)
+    prev = random_batch(model.decoder.dictionary, [6, 6], seed=4, left_pad=False)
+    with torch.no_grad():
+        before = (incremental_log_probs(model, src, prev), full_log_probs(model, src, prev))
+        folded = {name: m._fold().clone() for name, m in model.named_modules() if isinstance(m, _WeightNorm)}
+        model.make_generation_fast_(need_attn=False)
+        after = (incremental_log_probs(model, src, prev), full_log_probs(model, src, prev))
+        for got, expected in zip(after, before):
+            torch.testing.assert_close(got, expected, rtol=0, atol=0)
+        layers = {name: m for name, m in model.named_modules() if isinstance(m, _WeightNorm)}
+        assert layers and all(m._v_is_weight for m in layers.values())
+        for name, layer in layers.items():
+            assert torch.equal(layer.weight_v, folded[name])  # the weight, bit for bit
+            for key, (_, form) in layer._inference_cache.items():
+                if not form.is_mkldnn and key != "weight.t":  # on a CPU W^T is a contiguous copy for MKL
+                    assert form.untyped_storage().data_ptr() == layer.weight_v.untyped_storage().data_ptr(), key
+        assert any(key == "linearized.t" for m in layers.values() for key in m._inference_cache)  # views seen
+        model.make_generation_fast_(need_attn=False)  # a second preparation: no re-fold
+        for name, layer in layers.items():
+            assert torch.equal(layer.weight_v, folded[name])
+        fresh = build_model("convs2s_iwslt_de_en", dropout=0.0).eval()
+        fresh.load_state_dict(model.state_dict())
+        for name, layer in ((n, m) for n, m in fresh.named_modules() if isinstance(m, _WeightNorm)):
+            assert not layer._v_is_weight
+            torch.testing.assert_close(layer._fold(), folded[name], rtol=1e-6, atol=1e-7)

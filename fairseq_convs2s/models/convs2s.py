@@ -124,11 +124,13 @@ class ConvS2SModel(FairseqEncoderDecoderModel):
     def make_generation_fast_(self, **kwargs):
         """fairseq's preparation for inference (``prepare_for_inference_``: fairseq-generate, fairseq-interactive,
         the hub interface), after which fairseq forbids training the model: the decoder returns attention only
-        when asked (``need_attn``), and weight norm is folded once for good instead of once per batch."""
+        when asked (``need_attn``), and weight norm is folded once for good, in place (``weight_v`` becomes the
+        weight: no folded copy beside it), instead of once per batch."""
         super().make_generation_fast_(**kwargs)
         for module in self.modules():
             if isinstance(module, _WeightNorm):
                 module.frozen = True
+                module.fold_in_place()
 
     def load_state_dict(self, state_dict, strict=True, model_cfg=None, args=None):
         """fairseq's loader, after checking that the checkpoint's vocabularies have the sizes of this model's

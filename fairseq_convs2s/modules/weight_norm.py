@@ -10,8 +10,9 @@ starts at each encoder forward (:func:`start_inference_pass`), so whatever chang
 batches is seen, including optimizers that write through ``p.data`` (fairseq's NAG does), which bumps no version
 counter. The cache key also holds the parameters' storage and version, for in-place edits within a pass. After
 ``make_generation_fast_`` (what fairseq-generate, fairseq-interactive and the hub interface call, and after
-which fairseq forbids training the model) the weights are folded once for good, as fairseq's own preparation
-folds fconv's by removing its weight norm; only the storage and version then invalidate them.
+which fairseq forbids training the model) the weights are folded once for good, in place, as fairseq's own
+preparation folds fconv's by removing its weight norm: ``weight_v`` then holds ``w`` itself and ``weight_g``
+its norm (so the state dict still describes ``w``), and no second copy of the weights is kept beside them.
 
 At inference the folded weights are multiplied through oneDNN with the weight packed once per pass into its
 blocked layout (:func:`inference_linear`); MKL's GEMM, what ``F.linear`` calls on the CPU, re-packs the weight
@@ -50,6 +51,8 @@ class _WeightNorm(nn.Module):
     output_dim: int = 0
     # set by ConvS2SModel.make_generation_fast_: folded weights outlive inference passes
     frozen: bool = False
+    # set by fold_in_place (make_generation_fast_): weight_v holds w itself; cleared when a state dict is loaded
+    _v_is_weight: bool = False
 
     def _init_weight_norm(self, v: Tensor) -> None:
         self.weight_v = nn.Parameter(v)
@@ -80,13 +83,43 @@ class _WeightNorm(nn.Module):
         return hit[1]
 
     def _fold(self) -> Tensor:
+        if self._v_is_weight:
+            return self.weight_v
         # g * v / ||v||, in torch's fused kernel (the one torch.nn.utils.weight_norm and so fconv use): one pass
         # forward and backward instead of a norm, a division and two products
         return torch._weight_norm(self.weight_v, self.weight_g, self.output_dim)
 
+    def fold_in_place(self) -> None:
+        """Replace ``v`` by ``w = g * v / ||v||`` and ``g`` by ``||w||`` (for inference only: the state still
+        describes ``w``, but training would now update ``w`` directly). The folded weight is computed as every
+        pass computes it, so outputs stay bit for bit the same; the inference forms (packed, or transposed)
+        are then derived from ``weight_v`` itself, with no folded copy beside it. Folding twice is a no-op."""
+        if self._v_is_weight:
+            return
+        with torch.no_grad():
+            w = torch._weight_norm(self.weight_v, self.weight_g, self.output_dim)
+            self.weight_v.data = w
+            self.weight_g.data = self._norm(w)
+        self._v_is_weight = True
+        self._inference_cache.clear()
+
+    def _load_from_state_dict(self, *args, **kwargs):
+        super()._load_from_state_dict(*args, **kwargs)
+        self._v_is_weight = False  # a loaded state holds v and g again
+        self._inference_cache.clear()
+
     @property
     def weight(self) -> Tensor:
         return self._derived("weight", self._fold)
+
+    # the one product of a layer at inference: its cache name, W (out x in) and W^T (in x out)
+    product_name = "weight"
+
+    def _product_weight(self) -> Tensor:
+        return self._fold()
+
+    def _product_weight_t(self) -> Tensor:
+        raise NotImplementedError
 
 
 class WeightNormLinear(_WeightNorm):
@@ -108,8 +141,14 @@ class WeightNormLinear(_WeightNorm):
             out = training_linear(x.reshape(-1, self.in_features), self.weight, self.bias)
             return out.view(*x.shape[:-1], self.out_features)
         # inference: the weight folded (and packed, or transposed) once per pass
-        out = inference_linear(self, "weight", self._fold, x.reshape(-1, self.in_features), self.bias)
+        out = inference_linear(self, x.reshape(-1, self.in_features), self.bias)
         return out.view(*x.shape[:-1], self.out_features)
+
+    def _product_weight_t(self) -> Tensor:
+        # MKL's product on a CPU runs faster on a contiguous W^T; a GPU's takes the transposed view as it is
+        # (what F.linear passes), with no copy of the weight
+        w = self._fold()
+        return w.t().contiguous() if w.device.type == "cpu" else w.t()
 
     def extra_repr(self) -> str:
         return f"{self.in_features}, {self.out_features}"
@@ -145,13 +184,22 @@ class WeightNormConvTBC(_WeightNorm):
         # k x in x out -> out x k x in -> out x (k * in); the window is flattened time-major to match
         return self._fold().permute(2, 0, 1).reshape(self.out_channels, -1)
 
+    product_name = "linearized"
+
+    def _product_weight(self) -> Tensor:
+        return self._linearize()
+
+    def _product_weight_t(self) -> Tensor:
+        # the kernel k x in x out read as (k * in) x out is the linearized weight's transpose: a view, no copy
+        return self._fold().reshape(-1, self.out_channels)
+
     def forward_window(self, window: Tensor) -> Tensor:
         """The convolution at one position: window: B x (k * in), the last k inputs flattened time-major ->
         B x out."""
         if torch.is_grad_enabled():
             return F.linear(window, self.linearized_weight(), self.bias)
-        # only the packed (or transposed) matrix is cached: the plain one would be a third copy of the kernel
-        return inference_linear(self, "linearized", self._linearize, window, self.bias)
+        # only the packed (or transposed) matrix is cached: the plain one would be another copy of the kernel
+        return inference_linear(self, window, self.bias)
 
     def extra_repr(self) -> str:
         return f"{self.in_channels}, {self.out_channels}, kernel_size={self.kernel_size}"
@@ -173,23 +221,26 @@ def _onednn_linear(x: Tensor, weight: Tensor, bias: Optional[Tensor]) -> Tensor:
     return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
 
 
-def inference_weight(layer: _WeightNorm, name: str, weight: Callable[[], Tensor], onednn: bool) -> Tensor:
-    """``W`` (``weight()``, out x in) in the form one inference product takes, cached in ``layer`` under ``name``
-    for the pass: packed for oneDNN, or ``W^T`` for MKL."""
+def inference_weight(layer: _WeightNorm, onednn: bool) -> Tensor:
+    """The layer's product weight in the form one inference product takes, cached in ``layer`` for the pass:
+    ``W`` packed for oneDNN, or ``W^T`` for MKL (or a GPU)."""
+    name = layer.product_name
     if onednn:
-        return layer._derived(name + ".onednn", lambda: torch.ops.mkldnn._reorder_linear_weight(weight(), None))
-    return layer._derived(name + ".t", lambda: weight().t().contiguous())
+        return layer._derived(
+            name + ".onednn", lambda: torch.ops.mkldnn._reorder_linear_weight(layer._product_weight(), None)
+        )
+    return layer._derived(name + ".t", layer._product_weight_t)
 
 
-def inference_linear(layer: _WeightNorm, name: str, weight: Callable[[], Tensor], x: Tensor, bias: Tensor) -> Tensor:
-    """``x W^T + b`` while gradients are off, ``weight()`` giving ``W`` (out x in); x: N x in -> N x out.
+def inference_linear(layer: _WeightNorm, x: Tensor, bias: Tensor) -> Tensor:
+    """``x W^T + b`` of the layer's product while gradients are off; x: N x in -> N x out.
 
     Large enough products on the CPU go through oneDNN with ``W`` packed once per pass; the rest through MKL on
-    ``W^T`` folded once per pass. Both caches live in ``layer``'s inference cache under ``name``.
+    ``W^T`` folded once per pass. Both caches live in ``layer``'s inference cache.
     """
     if _use_onednn(x, bias.size(0)):
-        return _onednn_linear(x, inference_weight(layer, name, weight, True), bias)
-    return torch.addmm(bias, x, inference_weight(layer, name, weight, False))
+        return _onednn_linear(x, inference_weight(layer, True), bias)
+    return torch.addmm(bias, x, inference_weight(layer, False))
 
 
 class FoldedProduct:
@@ -201,10 +252,10 @@ class FoldedProduct:
     x: N x in -> N x out, gradients off.
     """
 
-    __slots__ = ("_layer", "_name", "_weight", "_bias", "_weight_size", "_forms")
+    __slots__ = ("_layer", "_bias", "_weight_size", "_forms")
 
-    def __init__(self, layer: _WeightNorm, name: str, weight: Callable[[], Tensor], in_features: int):
-        self._layer, self._name, self._weight = layer, name, weight
+    def __init__(self, layer: _WeightNorm, in_features: int):
+        self._layer = layer
         self._bias = layer.bias
         self._weight_size = in_features * layer.bias.size(0)
         self._forms: list = [None, None]  # [W^T for MKL, W packed for oneDNN], fetched on first use
@@ -213,7 +264,7 @@ class FoldedProduct:
         onednn = _onednn_pays(x, self._weight_size)
         w = self._forms[onednn]
         if w is None:
-            w = self._forms[onednn] = inference_weight(self._layer, self._name, self._weight, onednn)
+            w = self._forms[onednn] = inference_weight(self._layer, onednn)
         return _onednn_linear(x, w, self._bias) if onednn else torch.addmm(self._bias, x, w)
 
 
@@ -221,9 +272,9 @@ def folded_product(layer: nn.Module) -> Callable[[Tensor], Tensor]:
     """The product of a layer for one inference pass: a :class:`FoldedProduct` for a weight-normalized layer
     (its ``W``, or a convolution's kernel as one matrix), the layer itself otherwise (a plain ``nn.Linear``)."""
     if isinstance(layer, WeightNormLinear):
-        return FoldedProduct(layer, "weight", layer._fold, layer.in_features)
+        return FoldedProduct(layer, layer.in_features)
     if isinstance(layer, WeightNormConvTBC):
-        return FoldedProduct(layer, "linearized", layer._linearize, layer.kernel_size * layer.in_channels)
+        return FoldedProduct(layer, layer.kernel_size * layer.in_channels)
     return layer
 
 
