@@ -1,0 +1,37 @@
+"""examples/sequence_risk/summarize.py: the table of several fine-tuning seeds and its paired statistic."""
+
+import json
+import math
+import subprocess
+import sys
+
+from cli_helpers import REPO_ROOT
+
+SCRIPT = REPO_ROOT / "examples" / "sequence_risk" / "summarize.py"
+
+
+def _results(folder, start, risk, token):
+    folder.mkdir()
+    bleu = {"start": start, "risk": risk, "token": token}
+    results = {
+        run: {"bleu": f"BLEU = {score:.2f} 60.0/40.0/30.0/20.0 (BP = 1.000 ratio = 1.000)"}
+        for run, score in bleu.items()
+    }
+    (folder / "results.json").write_text(json.dumps(results))
+
+
+def test_summary_gives_per_seed_scores_means_and_the_paired_t(tmp_path):
+    _results(tmp_path / "s1", 30.0, 31.0, 30.5)
+    _results(tmp_path / "s2", 30.0, 30.2, 30.4)
+    _results(tmp_path / "s3", 30.0, 30.9, 30.3)
+    (tmp_path / "s4").mkdir()  # a run that did not finish
+    folders = [str(tmp_path / f"s{i}") for i in range(1, 5)]
+    out = subprocess.run([sys.executable, str(SCRIPT), *folders], capture_output=True, text=True, check=True).stdout
+    lines = out.splitlines()
+    assert lines[0] == "| run | s1 | s2 | s3 | mean |"
+    assert "| risk | 31.00 | 30.20 | 30.90 | 30.70 |" in lines
+    assert "| token | 30.50 | 30.40 | 30.30 | 30.40 |" in lines
+    differences = [0.5, -0.2, 0.6]  # by hand: mean 0.3, sd sqrt(0.19), t = 0.3 / (sd / sqrt 3)
+    t = 0.3 / (math.sqrt(sum((d - 0.3) ** 2 for d in differences) / 2) / math.sqrt(3))
+    assert f"mean +0.30 BLEU, t = {t:.2f} (2 degrees of freedom); risk ahead with 2 of 3" in out
+    assert lines[-1] == f"no results (not finished): {tmp_path / 's4'}"
