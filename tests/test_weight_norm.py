@@ -183,3 +183,16 @@ def test_make_generation_fast_folds_in_place_with_the_same_outputs_and_no_copy()
         for name, layer in ((n, m) for n, m in fresh.named_modules() if isinstance(m, _WeightNorm)):
             assert not layer._v_is_weight
             torch.testing.assert_close(layer._fold(), folded[name], rtol=1e-6, atol=1e-7)
+
+
+def test_the_transposed_product_weight_is_a_view_off_the_cpu():
+    """MKL gets a contiguous W^T on a CPU; elsewhere (a GPU; checked here on the meta device) the transposed
+    view, which a GPU's product takes as it is, so a folded-in-place layer holds no second copy."""
+    layer = WeightNormLinear(6, 4, std=0.3)
+    with torch.no_grad():
+        layer.fold_in_place()
+        on_cpu = layer._product_weight_t()
+        assert on_cpu.is_contiguous() and on_cpu.data_ptr() != layer.weight_v.data_ptr()
+        layer.to("meta")
+        off_cpu = layer._product_weight_t()
+        assert off_cpu.shape == (6, 4) and off_cpu._is_view() and off_cpu._base is layer.weight_v
