@@ -89,7 +89,12 @@ def preprocess(folder: Path, destdir: str = "bin", *extra: str, **prefixes: str)
 
 
 def train(folder: Path, data: str, save_dir: str, *extra: str) -> subprocess.CompletedProcess:
-    """``fairseq-train`` of the small model on CPU; ``extra`` flags come last, so they win."""
+    """``fairseq-train`` of the small model on CPU; ``extra`` flags come last, so they win.
+
+    ``--data-buffer-size 0``: no background thread prefetching batches. A run stopped by ``--max-update`` in
+    mid-epoch leaves fairseq's prefetching daemon thread inside torch code at interpreter exit, and once (1 of
+    some hundreds of runs) that ended a finished training with "terminate called without an active exception"
+    (SIGABRT). The data and its order are the same without the buffer."""
     args = [
         data,
         "--user-dir", PLUGIN_DIR,
@@ -97,6 +102,7 @@ def train(folder: Path, data: str, save_dir: str, *extra: str) -> subprocess.Com
         *OPTIM_FLAGS,
         "--save-dir", save_dir,
         "--no-epoch-checkpoints",
+        "--data-buffer-size", "0",
         "--cpu",
         "--log-format", "simple",
         "--log-interval", "1000",
