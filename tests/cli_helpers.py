@@ -29,6 +29,11 @@ MODEL_FLAGS = [
     "--decoder-out-embed-dim", "64",
     "--dropout", "0.0",
 ]  # fmt: skip
+# No background thread prefetching batches. A run stopped by --max-update in mid-epoch leaves fairseq's
+# prefetching daemon thread inside torch code at interpreter exit, and once (1 of some hundreds of runs) that ended
+# a finished training with "terminate called without an active exception" (SIGABRT). Same data, same order.
+NO_PREFETCH = ["--data-buffer-size", "0"]
+
 OPTIM_FLAGS = [
     "--optimizer", "nag",
     "--lr", "0.25",
@@ -89,12 +94,7 @@ def preprocess(folder: Path, destdir: str = "bin", *extra: str, **prefixes: str)
 
 
 def train(folder: Path, data: str, save_dir: str, *extra: str) -> subprocess.CompletedProcess:
-    """``fairseq-train`` of the small model on CPU; ``extra`` flags come last, so they win.
-
-    ``--data-buffer-size 0``: no background thread prefetching batches. A run stopped by ``--max-update`` in
-    mid-epoch leaves fairseq's prefetching daemon thread inside torch code at interpreter exit, and once (1 of
-    some hundreds of runs) that ended a finished training with "terminate called without an active exception"
-    (SIGABRT). The data and its order are the same without the buffer."""
+    """``fairseq-train`` of the small model on CPU; ``extra`` flags come last, so they win."""
     args = [
         data,
         "--user-dir", PLUGIN_DIR,
@@ -102,7 +102,7 @@ def train(folder: Path, data: str, save_dir: str, *extra: str) -> subprocess.Com
         *OPTIM_FLAGS,
         "--save-dir", save_dir,
         "--no-epoch-checkpoints",
-        "--data-buffer-size", "0",
+        *NO_PREFETCH,
         "--cpu",
         "--log-format", "simple",
         "--log-interval", "1000",
@@ -195,6 +195,7 @@ def launcher_cmd(data: str, save_dir: str, *extra: str, user_dir: Path = PLUGIN_
         "--save-dir", save_dir,
         "--no-epoch-checkpoints",
         "--disable-validation",
+        *NO_PREFETCH,
         "--cpu",
         "--log-format", "json",
         "--log-interval", "1",
