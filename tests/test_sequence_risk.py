@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 from cli_helpers import (
     MODEL_FLAGS,
+    NO_PREFETCH,
     OPTIM_FLAGS,
     PLUGIN_DIR,
     load_checkpoint,
@@ -473,7 +474,10 @@ def test_two_processes_equal_one_process_with_update_freq_two(finetuned):
     update): the same logged loss, risk and sample size, and the same parameters afterwards. So the per-worker
     sample_size adds up to the right normalization of the gradient."""
     folder = finetuned.folder
-    common = ["bin", "--user-dir", PLUGIN_DIR, *MODEL_FLAGS, *OPTIM_FLAGS, *FINETUNE, "--cpu", "--no-epoch-checkpoints"]
+    common = [
+        "bin", "--user-dir", PLUGIN_DIR, *MODEL_FLAGS, *OPTIM_FLAGS, *FINETUNE, *NO_PREFETCH, "--cpu",
+        "--no-epoch-checkpoints",
+    ]  # fmt: skip
     distributed = [
         # each rank reads the checkpoint itself: fairseq otherwise broadcasts it from rank 0 through torch.load,
         # whose weights_only default (torch >= 2.6) refuses the DictConfig inside
