@@ -9,7 +9,9 @@
   product, instead of ``conv_tbc``'s MKL product per tap (not taken: it keeps k copies of each input for the
   backward);
 - ``fairseq-loss``: fairseq's ``label_smoothed_cross_entropy`` loss through the log-softmax, instead of the
-  plugin's ``fused_label_smoothed_cross_entropy`` (the unchanged update uses the fused loss).
+  plugin's ``fused_label_smoothed_cross_entropy`` (the unchanged update uses the fused loss);
+- ``torch-compile``: the model's forward (and so its backward) compiled by ``torch.compile`` (inductor; the
+  compilation falls in the warm-up), instead of run eagerly; the loss and optimizer step stay eager.
 Medians of the repeats, each variant timed alternately with the unchanged model; ratio = variant time /
 unchanged time, so above 1 means the model's choice pays.
 """
@@ -59,19 +61,19 @@ def _patched(cls, name, fn):
 
 
 @contextlib.contextmanager
-def mkl_linears():
+def mkl_linears(step):
     with _patched(weight_norm, "training_linear", F.linear):
         yield
 
 
 @contextlib.contextmanager
-def onednn_weight_gradients():
+def onednn_weight_gradients(step):
     with _patched(weight_norm, "_OneDNNLinear", _AllOneDNNLinear):
         yield
 
 
 @contextlib.contextmanager
-def onednn_convs():
+def onednn_convs(step):
     with _patched(weight_norm.WeightNormConvTBC, "forward", _conv_im2col):
         yield
 
@@ -82,8 +84,15 @@ def _fairseq_loss(logits, target, epsilon, ignore_index):
 
 
 @contextlib.contextmanager
-def fairseq_loss():
+def fairseq_loss(step):
     with _patched(measure, "label_smoothed_nll_loss_from_logits", _fairseq_loss):
+        yield
+
+
+@contextlib.contextmanager
+def torch_compile(step):
+    compiled = step.__dict__.setdefault("compiled_model", torch.compile(step.model))
+    with _patched(step, "model", compiled):
         yield
 
 
@@ -92,6 +101,7 @@ VARIANTS = {
     "onednn-weight-gradients": onednn_weight_gradients,
     "onednn-convs": onednn_convs,
     "fairseq-loss": fairseq_loss,
+    "torch-compile": torch_compile,
 }
 
 
@@ -116,7 +126,7 @@ def main(argv=None) -> None:
             variant = VARIANTS[name]
 
             def changed(variant=variant, step=step):
-                with variant():
+                with variant(step):
                     step()
 
             times = measure.alternate({"unchanged": step, name: changed}, args.repeats, warmup=1, device=cpu)

@@ -12,7 +12,13 @@ from torch import Tensor, nn
 from ..modules.attention import MultiStepAttention, attend
 from ..modules.conv_block import build_blocks
 from ..modules.embedding import LearnedPositionalEmbedding, TokenEmbedding
-from ..modules.weight_norm import WeightNormLinear, current_inference_pass, folded_product, linear_std
+from ..modules.weight_norm import (
+    WeightNormLinear,
+    current_inference_pass,
+    folded_product,
+    is_compiling,
+    linear_std,
+)
 from .encoder import ConvS2SEncoderOut
 from .layer_spec import ConvLayer
 
@@ -184,8 +190,8 @@ class ConvS2SDecoder(FairseqIncrementalDecoder):
         Porting note: fconv runs every step through its modules. Here a step calls the products directly,
         looked up once per pass (an encoder forward), so a weight edited in place between two steps of one
         batch is seen from the next batch on (between batches, as ever, at once)."""
-        if torch.is_grad_enabled() or not self.use_folded_products:
-            return None
+        if torch.is_grad_enabled() or not self.use_folded_products or is_compiling():
+            return None  # (a compiled step folds inside its graph, through the modules)
         inference_pass = current_inference_pass()
         cached = self.__dict__.get("_folded")
         if cached is None or cached[0] != inference_pass:

@@ -11,7 +11,7 @@ from torch import Tensor, nn
 
 from ..modules.conv_block import build_blocks
 from ..modules.embedding import LearnedPositionalEmbedding, TokenEmbedding
-from ..modules.weight_norm import WeightNormLinear, linear_std, start_inference_pass
+from ..modules.weight_norm import WeightNormLinear, is_compiling, linear_std, start_inference_pass
 from .layer_spec import ConvLayer
 
 
@@ -67,7 +67,9 @@ class ConvS2SEncoder(FairseqEncoder):
         if not torch.is_grad_enabled():
             start_inference_pass()  # fold weight norm afresh for this batch's decoding steps
         padding_mask = src_tokens.eq(self.padding_idx)  # B x S
-        if not padding_mask.any():
+        # unpadded batches skip the masking; under torch.compile it always runs (masking nothing changes
+        # nothing), as a data-dependent branch would split the compiled graph in two
+        if not is_compiling() and not padding_mask.any():
             padding_mask = None
 
         e = self.embed_tokens(src_tokens) + self.embed_positions(src_tokens)  # B x S x f

@@ -71,8 +71,8 @@ class _WeightNorm(nn.Module):
     def _derived(self, name: str, compute: Callable[[], Tensor]) -> Tensor:
         """``compute()``; while gradients are off, computed once per inference pass and parameter version."""
         v, g = self.weight_v, self.weight_g
-        if torch.is_grad_enabled() and (v.requires_grad or g.requires_grad):
-            return compute()
+        if (torch.is_grad_enabled() and (v.requires_grad or g.requires_grad)) or is_compiling():
+            return compute()  # torch.compile: folded inside the graph, which keeps no state between calls
         inference_pass = None if self.frozen else _inference_pass
         key = (inference_pass, v.data_ptr(), g.data_ptr(), v._version, g._version, v.dtype, v.device)
         hit = self._inference_cache.get(name)
@@ -174,6 +174,11 @@ class WeightNormConvTBC(_WeightNorm):
 
     def forward(self, x: Tensor, padding: int = 0) -> Tensor:
         # x: T x B x in -> T + 2 * padding - k + 1 x B x out; conv_tbc pads both sides without copying the input
+        if is_compiling():
+            # the same sums as conv1d over B x in x T: inductor's lowering of conv_tbc fails on a time-major
+            # view of a batch-major tensor (torch 2.13, the wmt_en_de preset), a convolution it lowers natively
+            y = F.conv1d(x.permute(1, 2, 0), self.weight.permute(2, 1, 0), self.bias, padding=padding)
+            return y.permute(2, 0, 1)  # B x out x T' -> T' x B x out
         return torch.conv_tbc(x.contiguous(), self.weight, self.bias, padding)
 
     def linearized_weight(self) -> Tensor:
@@ -212,19 +217,46 @@ def _use_onednn(x: Tensor, out_features: int) -> bool:
 
 def _onednn_pays(x: Tensor, weight_size: int) -> bool:
     """x: N x in, times a weight of ``weight_size`` (in x out) entries: :func:`_use_onednn`'s choice."""
+    if _onednn_linear_op is None and is_compiling():
+        return False
     large = weight_size >= ONEDNN_MIN_WEIGHT and x.size(0) * weight_size >= ONEDNN_MIN_MACS
     return large and x.device.type == "cpu" and x.dtype in _onednn_dtypes
 
 
 def _onednn_linear(x: Tensor, weight: Tensor, bias: Optional[Tensor]) -> Tensor:
     """x W^T + b by oneDNN; weight: out x in, plain or packed by ``_reorder_linear_weight``."""
+    if is_compiling():
+        return _onednn_linear_op(x, weight, bias)
     return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
+
+
+def is_compiling() -> bool:
+    """Whether torch.compile is tracing the model now (``torch.compiler.is_compiling``; False on a torch without
+    it). Under compilation the model takes forms that trace as one graph: see the callers' notes."""
+    compiler = getattr(torch, "compiler", None)
+    return compiler is not None and hasattr(compiler, "is_compiling") and compiler.is_compiling()
+
+
+# torch.compile sees the oneDNN product as one opaque operator, so a compiled model multiplies as the eager one
+# does on a CPU: inductor's own lowering of the same aten call fails on the model's reshaped inputs (torch 2.13)
+_onednn_linear_op = None
+if hasattr(torch.library, "custom_op"):
+
+    @torch.library.custom_op("convs2s::onednn_linear", mutates_args=())
+    def _onednn_linear_op(x: Tensor, weight: Tensor, bias: Optional[Tensor]) -> Tensor:
+        return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
+
+    @_onednn_linear_op.register_fake
+    def _(x: Tensor, weight: Tensor, bias: Optional[Tensor]) -> Tensor:
+        return x.new_empty(x.size(0), weight.size(0))  # N x out
 
 
 def inference_weight(layer: _WeightNorm, onednn: bool) -> Tensor:
     """The layer's product weight in the form one inference product takes, cached in ``layer`` for the pass:
     ``W`` packed for oneDNN, or ``W^T`` for MKL (or a GPU)."""
     name = layer.product_name
+    if onednn and is_compiling():
+        return layer._product_weight()  # oneDNN packs a plain weight itself; packing has no graph form
     if onednn:
         return layer._derived(
             name + ".onednn", lambda: torch.ops.mkldnn._reorder_linear_weight(layer._product_weight(), None)
