@@ -1,7 +1,8 @@
 """Which products a training update runs through oneDNN: convs2s against itself with them moved about.
 
-``python -m benchmarks.train_forms [--sizes iwslt,wmt_en_de] [--repeats R]`` times the harness's training update
-(64 x 26 target tokens, label smoothing, backward, clip, NAG) of convs2s unchanged and with, in turn:
+``python -m benchmarks.train_forms [--sizes iwslt,wmt_en_de] [--repeats R] [--device cuda] [--dtype bf16]`` times
+the harness's training update (64 x 26 target tokens, label smoothing, backward, clip, NAG) of convs2s unchanged
+and with, in turn:
 - ``mkl-linears``: the weight-normalized linears (the vocabulary projection among them) by ``F.linear`` on MKL,
   instead of the autograd product whose forward and input gradient run through oneDNN (``training_linear``);
 - ``onednn-weight-gradients``: that product's weight gradient through oneDNN too, instead of MKL;
@@ -104,6 +105,9 @@ VARIANTS = {
     "torch-compile": torch_compile,
 }
 
+GPU_VARIANTS = ["fairseq-loss", "torch-compile"]
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
 
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -111,25 +115,32 @@ def main(argv=None) -> None:
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--threads", type=int, default=0)
     p.add_argument("--variants", default=",".join(VARIANTS), help=f"comma-separated, of {', '.join(VARIANTS)}")
+    p.add_argument("--device", default="cpu", choices=["cpu", "cuda"], help=f"cuda: {', '.join(GPU_VARIANTS)} only")
+    p.add_argument("--dtype", default="fp32", choices=list(DTYPES))
     args = p.parse_args(argv)
-    measure.use_threads(args.threads, need_onednn=True)
+    variants = args.variants.split(",")
+    if args.device == "cuda" and not set(variants) <= set(GPU_VARIANTS):
+        p.error(f"on a GPU only {', '.join(GPU_VARIANTS)} apply (the others move CPU products about)")
+    measure.use_threads(args.threads, need_onednn=args.device == "cpu")
     started = time.time()
-    cpu = torch.device("cpu")
-    print(f"torch threads {torch.get_num_threads()}; ratio = variant time / unchanged time (median)")
+    device = torch.device(args.device)
+    machine = measure.describe_machine(device)
+    where = machine.get("gpu", f"{machine['cpu']}, {machine['torch_threads']} torch threads")
+    print(f"{where}, torch {machine['torch']}, {args.dtype}; ratio = variant time / unchanged time (median)")
     for size_name in args.sizes.split(","):
         size = SIZES[size_name]
         dictionary = make_dictionary(size.vocab)
         _, model = build_pair(size, dictionary, dropout=0.2)
-        sample = measure.train_sample(dictionary, 64, 25, cpu)
-        step = measure.TrainStep(model, sample, dictionary.pad(), fused_loss=True)
-        for name in args.variants.split(","):
+        sample = measure.train_sample(dictionary, 64, 25, device)
+        step = measure.TrainStep(model.to(device), sample, dictionary.pad(), DTYPES[args.dtype], fused_loss=True)
+        for name in variants:
             variant = VARIANTS[name]
 
             def changed(variant=variant, step=step):
                 with variant(step):
                     step()
 
-            times = measure.alternate({"unchanged": step, name: changed}, args.repeats, warmup=1, device=cpu)
+            times = measure.alternate({"unchanged": step, name: changed}, args.repeats, warmup=1, device=device)
             base, other = measure.median(times["unchanged"]), measure.median(times[name])
             print(f"{size_name} update: {name} {other:.3f}s vs unchanged {base:.3f}s = {other / base:.2f}x", flush=True)
     print(f"whole run: {(time.time() - started) / 60:.1f} min")

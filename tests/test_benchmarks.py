@@ -1,14 +1,18 @@
 """The benchmark harness: its FLOP counter (the training bound and the FLOP/s-of-peak column rest on it), its time
-split and its report."""
+split, its report, and the training-forms variants."""
 
 import json
 from pathlib import Path
+from types import SimpleNamespace
 
+import pytest
 import torch
 import torch.nn.functional as F
 
 from benchmarks.measure import count_flops
 from benchmarks.report import render
+from benchmarks.train_forms import main as train_forms_main
+from benchmarks.train_forms import torch_compile
 from fairseq_convs2s.modules import weight_norm
 
 
@@ -78,3 +82,22 @@ def test_report_gives_gpu_memory_its_own_columns_and_names_each_peak():
         assert ("GPU one update" in memory_header) is on_gpu
         assert ("GFLOP/s fp16" in text) is on_gpu  # fp16 is timed on a GPU only
         assert "GFLOP/s fp32" in text and "GFLOP/s bf16" in text
+
+
+def test_train_forms_compile_variant_swaps_the_model_for_the_update_only():
+    """``torch-compile`` runs the update through one compiled wrapper of the same model (same parameters), made
+    once, and leaves the step's own model in place afterwards."""
+    model = torch.nn.Linear(3, 2)
+    step = SimpleNamespace(model=model)
+    with torch_compile(step):
+        compiled = step.model
+        assert compiled is not model and list(compiled.parameters()) == list(model.parameters())
+    assert step.model is model
+    with torch_compile(step):
+        assert step.model is compiled
+
+
+def test_train_forms_refuses_cpu_only_variants_on_a_gpu(capsys):
+    with pytest.raises(SystemExit):
+        train_forms_main(["--device", "cuda", "--variants", "torch-compile,mkl-linears"])
+    assert "on a GPU only fairseq-loss, torch-compile apply" in capsys.readouterr().err
