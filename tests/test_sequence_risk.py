@@ -28,7 +28,7 @@ from fairseq.criterions.label_smoothed_cross_entropy import LabelSmoothedCrossEn
 from fairseq.data import Dictionary, data_utils
 from utils import build_model, full_log_probs, make_dictionary, random_batch
 
-from fairseq_convs2s.criterions import SequenceRiskCriterion
+from fairseq_convs2s.criterions import SequenceRiskCriterion, sequence_risk
 from fairseq_convs2s.criterions.costs import COSTS, edit_cost, sentence_bleu_cost
 from fairseq_convs2s.train import free_port
 
@@ -215,6 +215,32 @@ def test_gradient_matches_finite_differences(tiny, alpha):
     # the risk carries gradient into the whole network, the encoder included
     encoder_grad = sum(p.grad.abs().sum().item() for p in tiny.model.encoder.parameters() if p.grad is not None)
     assert encoder_grad > 1e-6
+
+
+def test_one_encoding_per_source_equals_a_source_row_per_candidate(tiny, monkeypatch):
+    """A ConvS2S model encodes each source once for its 1 + n decoder rows; other models get the source repeated
+    for every row. Both give the same loss and the same gradient everywhere, the encoder's included."""
+    crit = _criterion(tiny.dictionary, risk_include_reference=True)
+    cset = crit.build_candidate_set(tiny.sample, FIXED_CANDIDATES, costs=FIXED_COSTS)
+    encodings = []
+    hook = tiny.model.encoder.register_forward_hook(lambda m, args, out: encodings.append(args[0].size(0)))
+
+    def loss_and_grads():
+        tiny.model.zero_grad()
+        loss = crit.loss_on_candidates(tiny.model, tiny.sample, cset)[0]
+        loss.backward()
+        return loss.item(), {n: p.grad.clone() for n, p in tiny.model.named_parameters() if p.grad is not None}
+
+    assert sequence_risk.reads_rows_per_source(tiny.model)
+    shared_loss, shared_grads = loss_and_grads()
+    monkeypatch.setattr(sequence_risk, "reads_rows_per_source", lambda model: False)
+    repeated_loss, repeated_grads = loss_and_grads()
+    hook.remove()
+    assert encodings == [3, 3 * 4]  # three sources; then one row per reference and candidate (width 1 + 3)
+    assert shared_loss == pytest.approx(repeated_loss, rel=1e-12)
+    assert shared_grads.keys() == repeated_grads.keys()
+    for name, grad in shared_grads.items():
+        torch.testing.assert_close(grad, repeated_grads[name], rtol=1e-9, atol=1e-12, msg=name)
 
 
 def _lsce(model, sample, dictionary):

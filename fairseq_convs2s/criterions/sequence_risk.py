@@ -26,6 +26,9 @@ Porting notes (against the criterion of fairseq's old ``classic_seqlevel`` branc
 
 - one forward pass through ``model(...)`` scores the reference (token loss) and the candidates together, so
   DistributedDataParallel sees one forward per backward; the reference rows double as the reference candidate;
+- a ConvS2S model encodes each source once for all of its 1 + n rows (its decoder reads consecutive rows
+  against one encoded source, as in beam search), instead of once per row: other models get the source
+  repeated for every row;
 - a candidate that occurs twice in U(x) (sampling; the reference found by beam search) is counted once:
   U(x) is a set, and a duplicate would double its share of the renormalized distribution;
 - costs are computed by sacrebleu on detokenized text rather than by fairseq's BLEU on token ids, so a
@@ -49,6 +52,7 @@ from fairseq.logging import metrics
 from fairseq.sequence_generator import SequenceGenerator
 from omegaconf import II
 
+from ..models.convs2s import ConvS2SModel
 from .costs import COSTS, SequenceCost
 
 # what fairseq.data.data_utils.post_process understands; anything else raises there, mid-training
@@ -252,8 +256,9 @@ class SequenceRiskCriterion(FairseqCriterion):
         target = data_utils.collate_tokens(rows, pad, eos, left_pad=False)  # (B*(1+K)) x T
         prev_output_tokens = data_utils.collate_tokens(rows, pad, eos, left_pad=False, move_eos_to_beginning=True)
         net_input = dict(sample["net_input"])
-        net_input["src_tokens"] = net_input["src_tokens"].repeat_interleave(width, dim=0)  # (B*(1+K)) x S
-        net_input["src_lengths"] = net_input["src_lengths"].repeat_interleave(width, dim=0)
+        if not reads_rows_per_source(model):  # (ConvS2S: B sources, encoded once, for B*(1+K) decoder rows)
+            net_input["src_tokens"] = net_input["src_tokens"].repeat_interleave(width, dim=0)  # (B*(1+K)) x S
+            net_input["src_lengths"] = net_input["src_lengths"].repeat_interleave(width, dim=0)
         net_input["prev_output_tokens"] = prev_output_tokens
 
         # one forward through the (possibly DDP-wrapped) model: every row's gradient flows through it
@@ -384,6 +389,12 @@ def subword_marker(dictionary: Dictionary):
 
 def _strip_eos(tokens: torch.Tensor, dictionary: Dictionary) -> torch.Tensor:
     return tokens[tokens.ne(dictionary.eos()) & tokens.ne(dictionary.pad())]
+
+
+def reads_rows_per_source(model) -> bool:
+    """Whether the model's decoder takes G consecutive rows per source of its batch (rows r*G .. r*G+G-1 read
+    source r): a ConvS2S model's does (its attention groups them, as for beam search's hypotheses)."""
+    return isinstance(_unwrap(model), ConvS2SModel)
 
 
 def _unwrap(model):

@@ -96,6 +96,9 @@ class ConvS2SDecoder(FairseqIncrementalDecoder):
         prev_output_tokens: B x T, the target shifted right (starting with EOS); with ``incremental_state`` only
         the last column is new. Returns logits B x T x V (B x 1 x V incrementally) and the attention averaged over
         the attending layers, B x T x S (None while training or when not asked for).
+
+        B may be G times the encoder's batch B': rows r*G .. r*G+G-1 then read source r (beam search's
+        hypotheses; sequence-level training's candidates, which so share one encoder pass).
         """
         x, attn = self.extract_features(prev_output_tokens, encoder_out, incremental_state)
         if not features_only:
