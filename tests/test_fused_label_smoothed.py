@@ -36,13 +36,15 @@ def test_loss_and_gradient_equal_fairseqs(epsilon, chunk_bytes, monkeypatch):
     logits = (torch.randn(37, 50, dtype=torch.float64) * 3).float()
     target = torch.randint(2, 50, (37,))
     target[[0, 5, 36]] = PAD  # padding rows: no loss, no gradient
-    weights = torch.rand(37, 1)  # an upstream gradient that differs per row (reduce=False)
+    # upstream gradients that differ per row (reduce=False), into the loss and into the NLL (which sequence-level
+    # training differentiates: the candidates' log-probabilities)
+    weights, nll_weights = torch.rand(37, 1), torch.randn(37, 1)
     for reduce in (True, False):
         results = []
         for fn in (_stock, lambda x, t, e, reduce: label_smoothed_nll_loss_from_logits(x, t, e, PAD, reduce)):
             x = logits.clone().requires_grad_()
             loss, nll = fn(x, target.unsqueeze(1) if fn is _stock else target, epsilon, reduce=reduce)
-            (loss if reduce else loss * weights).sum().backward()
+            (loss - 0.7 * nll if reduce else loss * weights + nll * nll_weights).sum().backward()
             results.append((loss.detach(), nll.detach(), x.grad))
         (loss_a, nll_a, grad_a), (loss_b, nll_b, grad_b) = results
         assert loss_b.shape == loss_a.shape and nll_b.shape == nll_a.shape
@@ -70,6 +72,23 @@ def test_bf16_logits_give_fp32_loss_and_bf16_gradient():
     expected, _ = _stock(logits.detach(), target.unsqueeze(1), 0.1)
     assert loss.dtype == torch.float32 and logits.grad.dtype == torch.bfloat16
     torch.testing.assert_close(loss, expected, rtol=1e-5, atol=1e-4)
+
+
+def test_fp64_logits_are_computed_in_fp64():
+    """Double-precision logits keep double precision (the gradient tests of sequence_risk rest on it)."""
+    torch.manual_seed(2)
+    logits = (torch.randn(9, 40, dtype=torch.float64) * 3).requires_grad_()
+    target = torch.randint(2, 40, (9,))
+    loss, nll = label_smoothed_nll_loss_from_logits(logits, target, 0.1, PAD)
+    (loss + nll).backward()
+    x = logits.detach().clone().requires_grad_()
+    lprobs = torch.log_softmax(x, dim=-1)  # fp64 throughout
+    loss_ref, nll_ref = label_smoothed_nll_loss(lprobs, target.unsqueeze(1), 0.1, ignore_index=PAD)
+    (loss_ref + nll_ref).backward()
+    assert loss.dtype == nll.dtype == logits.grad.dtype == torch.float64
+    torch.testing.assert_close(loss, loss_ref, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(nll, nll_ref, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(logits.grad, x.grad, rtol=1e-12, atol=1e-14)
 
 
 def _criteria(dictionary, **flags):
@@ -108,6 +127,24 @@ def test_criterion_equals_label_smoothed_cross_entropy_on_a_model(ignore_prefix_
     assert grads_b.keys() == grads_a.keys()
     for name in grads_a:
         torch.testing.assert_close(grads_b[name], grads_a[name], rtol=1e-4, atol=1e-6, msg=name)
+
+
+class _Wrapper(torch.nn.Module):
+    """Stands for fairseq's distributed wrappers: a ModuleProxyWrapper around DistributedDataParallel."""
+
+    def __init__(self, module):
+        super().__init__()
+        self.module = module
+
+
+def test_the_check_sees_through_distributed_wrappers_and_instance_overrides():
+    """Multi-process training hands the criterion the model inside two wrappers: it still takes the fused pass.
+    A normalization replaced on the instance (not the class) is seen too, and falls back."""
+    model = build_model("convs2s_iwslt_de_en", dictionary=make_dictionary(), dropout=0.0)
+    assert normalizes_by_log_softmax(_Wrapper(_Wrapper(model)))
+    model.decoder.get_normalized_probs = lambda net_output, log_probs, sample=None: net_output[0]
+    assert not normalizes_by_log_softmax(_Wrapper(_Wrapper(model)))
+    assert not normalizes_by_log_softmax(_Wrapper(torch.nn.Linear(2, 2)))
 
 
 def test_models_with_their_own_normalization_fall_back_to_fairseqs_computation():

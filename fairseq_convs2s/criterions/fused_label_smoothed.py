@@ -36,46 +36,57 @@ CHUNK_BYTES = 1 << 20
 
 
 class _LabelSmoothedFromLogits(torch.autograd.Function):
-    """Per-row label-smoothed loss (N) and NLL (N, no gradient) from logits (N x V); pad rows give 0."""
+    """Per-row label-smoothed loss (N) and NLL (N) from logits (N x V), both with gradients; pad rows give 0.
+
+    The NLL's gradient is what sequence-level training needs of the candidates' rows (their summed log-
+    probabilities): d nll_i / dx_ij = p_ij - [j = t_i]. Both gradients leave in the same single pass.
+    """
 
     @staticmethod
     def forward(ctx, logits: Tensor, target: Tensor, epsilon: float, ignore_index: int):
         n, vocab = logits.shape
         eps_i = epsilon / (vocab - 1)
-        lse = logits.new_empty(n, dtype=torch.float32)  # N: log sum_j exp x_ij
-        row_sum = logits.new_empty(n, dtype=torch.float32)  # N: sum_j x_ij
+        compute = _compute_dtype(logits)
+        lse = logits.new_empty(n, dtype=compute)  # N: log sum_j exp x_ij
+        row_sum = logits.new_empty(n, dtype=compute)  # N: sum_j x_ij
         for start, end in _chunks(n, vocab, logits.device):
-            x = logits[start:end].float()  # rows x V, in the cache
+            x = logits[start:end].to(compute)  # rows x V, in the cache
             torch.logsumexp(x, dim=-1, out=lse[start:end])
             torch.sum(x, dim=-1, out=row_sum[start:end])
         keep = target.ne(ignore_index)  # N
-        target_logit = logits.gather(1, target.clamp(min=0).unsqueeze(1)).squeeze(1).float()  # N
+        target_logit = logits.gather(1, target.clamp(min=0).unsqueeze(1)).squeeze(1).to(compute)  # N
         nll = (lse - target_logit) * keep
         smooth = (vocab * lse - row_sum) * keep
         loss = (1.0 - epsilon - eps_i) * nll + eps_i * smooth
         ctx.save_for_backward(logits, target, lse, keep)
         ctx.epsilon = epsilon
-        ctx.mark_non_differentiable(nll)
         return loss, nll
 
     @staticmethod
-    def backward(ctx, grad_loss: Tensor, _grad_nll: Tensor):  # grad_loss: N
+    def backward(ctx, grad_loss: Tensor, grad_nll: Tensor):  # both N
         logits, target, lse, keep = ctx.saved_tensors
         n, vocab = logits.shape
         eps_i = ctx.epsilon / (vocab - 1)
         on_target = 1.0 - ctx.epsilon - eps_i
-        g = grad_loss.float() * keep  # N
-        softmax_scale = (on_target + vocab * eps_i) * g  # N: the coefficient of p_ij
+        g = grad_loss.to(lse) * keep  # N
+        g_nll = grad_nll.to(lse) * keep  # N
+        softmax_scale = (on_target + vocab * eps_i) * g + g_nll  # N: the coefficient of p_ij
         grad = torch.empty_like(logits)  # N x V
-        fp32 = logits.dtype == torch.float32
+        in_place = logits.dtype == lse.dtype  # written in place, else a chunk to cast
         for start, end in _chunks(n, vocab, logits.device):
-            out = grad[start:end] if fp32 else None  # fp32: written in place, else a chunk to cast
-            p = torch.sub(logits[start:end].float(), lse[start:end, None], out=out).exp_()  # rows x V: p_ij
+            out = grad[start:end] if in_place else None
+            p = torch.sub(logits[start:end].to(lse), lse[start:end, None], out=out).exp_()  # rows x V: p_ij
             p.mul_(softmax_scale[start:end, None]).sub_(eps_i * g[start:end, None])
-            if not fp32:
+            if not in_place:
                 grad[start:end] = p
-        grad.scatter_add_(1, target.clamp(min=0).unsqueeze(1), (-on_target * g).to(grad.dtype).unsqueeze(1))
+        on_target_grad = -(on_target * g + g_nll)  # N: the coefficient of [j = t_i]
+        grad.scatter_add_(1, target.clamp(min=0).unsqueeze(1), on_target_grad.to(grad.dtype).unsqueeze(1))
         return grad, None, None, None
+
+
+def _compute_dtype(logits: Tensor) -> torch.dtype:
+    """fp32 for fp32, fp16 and bf16 logits (as fairseq's log-softmax); fp64 stays fp64."""
+    return torch.float64 if logits.dtype == torch.float64 else torch.float32
 
 
 def _chunks(n: int, vocab: int, device: torch.device):
@@ -89,8 +100,9 @@ def label_smoothed_nll_loss_from_logits(
 ) -> Tuple[Tensor, Tensor]:
     """fairseq's ``label_smoothed_nll_loss(log_softmax(logits), target, ...)`` in one fused pass.
 
-    logits: N x V (any float dtype; computed in fp32), target: N. Returns (loss, nll_loss): sums with
-    ``reduce``, else N x 1 as fairseq's function returns them with an ``ignore_index``.
+    logits: N x V (any float dtype; computed in fp32, or fp64 for fp64), target: N. Returns (loss, nll_loss):
+    sums with ``reduce``, else N x 1 as fairseq's function returns them with an ``ignore_index``. Both carry
+    gradients (fairseq's criterion logs the NLL only; sequence-level training scores candidates by it).
     """
     loss, nll = _LabelSmoothedFromLogits.apply(logits.contiguous(), target.contiguous(), epsilon, ignore_index)
     if reduce:
@@ -100,10 +112,16 @@ def label_smoothed_nll_loss_from_logits(
 
 def normalizes_by_log_softmax(model) -> bool:
     """Whether ``model.get_normalized_probs`` is a plain log-softmax of the decoder's first output."""
-    model = getattr(model, "module", model)  # DistributedDataParallel and other wrappers
+    while isinstance(getattr(model, "module", None), torch.nn.Module):  # fairseq's ModuleProxyWrapper around DDP
+        model = model.module
     decoder = getattr(model, "decoder", None)
+    if not isinstance(decoder, FairseqDecoder):
+        return False
+    overridden = {"get_normalized_probs", "get_normalized_probs_scriptable"} & (
+        vars(model).keys() | vars(decoder).keys()
+    )  # on the instance
     return (
-        isinstance(decoder, FairseqDecoder)
+        not overridden
         and getattr(decoder, "adaptive_softmax", None) is None
         and type(model).get_normalized_probs is BaseFairseqModel.get_normalized_probs
         and type(model).get_normalized_probs_scriptable is BaseFairseqModel.get_normalized_probs_scriptable
