@@ -26,10 +26,11 @@ from cli_helpers import (
 )
 from fairseq.criterions.label_smoothed_cross_entropy import LabelSmoothedCrossEntropyCriterion
 from fairseq.data import Dictionary, data_utils
-from utils import build_model, full_log_probs, make_dictionary, random_batch
+from utils import build_model, make_dictionary, random_batch
 
 from fairseq_convs2s.criterions import SequenceRiskCriterion, sequence_risk
 from fairseq_convs2s.criterions.costs import COSTS, edit_cost, sentence_bleu_cost
+from fairseq_convs2s.criterions.fused_label_smoothed import normalizes_by_log_softmax
 from fairseq_convs2s.train import free_port
 
 EPS = 0.1
@@ -74,18 +75,23 @@ FIXED_COSTS = torch.tensor(
 )
 
 
-@pytest.fixture
-def tiny():
-    """A tiny ConvS2S model in double precision (no dropout) and a batch of three sentence pairs.
+@pytest.fixture(params=["from-logits", "log-softmax"])
+def tiny(request):
+    """A tiny ConvS2S model in double precision (no dropout) and a batch of three sentence pairs, for each of the
+    criterion's two ways to its token terms: from the logits in one fused pass (a model that normalizes by a
+    plain log-softmax: ConvS2S), or through the model's ``get_normalized_probs`` (any other model).
 
     fairseq's ``get_normalized_probs`` computes the log-softmax in float32 whatever the model's precision (for
-    fp16 training); the instance here keeps double precision end to end, so that the finite differences and the
+    fp16 training); the instance here keeps double precision end to end (the fused pass computes fp64 logits in
+    fp64; for the other way the instance gets a log-softmax in fp64), so that the finite differences and the
     hand computation can be compared to 1e-9 rather than to float32 rounding.
     """
     torch.manual_seed(0)
     dictionary = make_dictionary(20)
     model = build_model(dictionary=dictionary, dropout=0.0).double()
-    model.get_normalized_probs = lambda net_output, log_probs=True, sample=None: F.log_softmax(net_output[0], dim=-1)
+    if request.param == "log-softmax":
+        model.get_normalized_probs = _double_log_softmax
+    assert normalizes_by_log_softmax(model) == (request.param == "from-logits")
     return SimpleNamespace(dictionary=dictionary, model=model, sample=_sample(dictionary))
 
 
@@ -93,7 +99,7 @@ def _sequence_log_prob(model, src_row, tokens, dictionary):
     """log p(tokens | source) scored alone (batch of one, no padding): an independent path from the criterion's."""
     src = src_row[src_row.ne(dictionary.pad())].unsqueeze(0)
     prev = torch.cat([tokens.new_tensor([dictionary.eos()]), tokens[:-1]]).unsqueeze(0)
-    lprobs = full_log_probs(model, src, prev)[0]  # T x V
+    lprobs = F.log_softmax(model(src, None, prev)[0][0], dim=-1)  # T x V, in the model's (double) precision
     return lprobs, sum(lprobs[t, tok].item() for t, tok in enumerate(tokens.tolist()))
 
 
@@ -243,10 +249,21 @@ def test_one_encoding_per_source_equals_a_source_row_per_candidate(tiny, monkeyp
         torch.testing.assert_close(grad, repeated_grads[name], rtol=1e-9, atol=1e-12, msg=name)
 
 
+def _double_log_softmax(net_output, log_probs=True, sample=None):
+    return F.log_softmax(net_output[0], dim=-1)
+
+
 def _lsce(model, sample, dictionary):
+    """fairseq's label_smoothed_cross_entropy, through a log-softmax in the model's (double) precision."""
     crit = LabelSmoothedCrossEntropyCriterion(_task(dictionary), sentence_avg=False, label_smoothing=EPS)
     model.zero_grad()
-    loss, sample_size, log = crit(model, sample)
+    own = vars(model).get("get_normalized_probs")
+    model.get_normalized_probs = _double_log_softmax
+    try:
+        loss, sample_size, log = crit(model, sample)
+    finally:
+        if own is None:
+            del model.get_normalized_probs
     loss.backward()
     return loss.item(), sample_size, {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
 
