@@ -92,8 +92,9 @@ def fairseq_loss(step):
 
 @contextlib.contextmanager
 def torch_compile(step):
-    compiled = step.__dict__.setdefault("compiled_model", torch.compile(step.model))
-    with _patched(step, "model", compiled):
+    if "compiled_model" not in vars(step):  # one wrapper, compiled at its first call (the warm-up)
+        step.compiled_model = torch.compile(step.model)
+    with _patched(step, "model", step.compiled_model):
         yield
 
 

@@ -332,17 +332,8 @@ class SequenceRiskCriterion(FairseqCriterion):
     def _token_level_only(self, model, sample):
         """alpha = 1: no candidates to generate; fairseq's label-smoothed loss on the reference."""
         net_output = model(**sample["net_input"])
-        target = model.get_targets(sample, net_output)
-        if normalizes_by_log_softmax(model):  # from the logits in one pass, as the candidates' rows
-            logits = net_output[0]
-            loss, nll_loss = label_smoothed_nll_loss_from_logits(
-                logits.reshape(-1, logits.size(-1)), target.reshape(-1), self.eps, self.padding_idx
-            )
-        else:
-            lprobs = model.get_normalized_probs(net_output, log_probs=True)
-            loss, nll_loss = label_smoothed_nll_loss(
-                lprobs.view(-1, lprobs.size(-1)), target.view(-1), self.eps, ignore_index=self.padding_idx
-            )
+        target = model.get_targets(sample, net_output)  # B x T: the reference rows alone (width 1)
+        loss, nll_loss, _ = self._token_terms(model, net_output, target, target.size(0), 1)
         nsentences = sample["target"].size(0)
         sample_size = nsentences if self.sentence_avg else sample["ntokens"]
         logging_output = {
