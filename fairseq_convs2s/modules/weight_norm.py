@@ -230,11 +230,10 @@ def _onednn_linear(x: Tensor, weight: Tensor, bias: Optional[Tensor]) -> Tensor:
     return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
 
 
-def is_compiling() -> bool:
-    """Whether torch.compile is tracing the model now (``torch.compiler.is_compiling``; False on a torch without
-    it). Under compilation the model takes forms that trace as one graph: see the callers' notes."""
-    compiler = getattr(torch, "compiler", None)
-    return compiler is not None and hasattr(compiler, "is_compiling") and compiler.is_compiling()
+# Whether torch.compile is tracing the model now: torch's own function, looked up once (it is asked at every
+# oneDNN product of a decoding step); never, on a torch without it. Under compilation the model takes forms that
+# trace as one graph: see the callers' notes.
+is_compiling: Callable[[], bool] = getattr(getattr(torch, "compiler", None), "is_compiling", lambda: False)
 
 
 # torch.compile sees the oneDNN product as one opaque operator, so a compiled model multiplies as the eager one
