@@ -110,10 +110,16 @@ def label_smoothed_nll_loss_from_logits(
     return loss.unsqueeze(1), nll.unsqueeze(1)
 
 
+def unwrap(model):
+    """The model inside fairseq's distributed wrappers (ModuleProxyWrapper around DistributedDataParallel)."""
+    while isinstance(getattr(model, "module", None), torch.nn.Module):
+        model = model.module
+    return model
+
+
 def normalizes_by_log_softmax(model) -> bool:
     """Whether ``model.get_normalized_probs`` is a plain log-softmax of the decoder's first output."""
-    while isinstance(getattr(model, "module", None), torch.nn.Module):  # fairseq's ModuleProxyWrapper around DDP
-        model = model.module
+    model = unwrap(model)
     decoder = getattr(model, "decoder", None)
     if not isinstance(decoder, FairseqDecoder):
         return False

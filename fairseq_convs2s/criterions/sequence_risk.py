@@ -54,7 +54,7 @@ from omegaconf import II
 
 from ..models.convs2s import ConvS2SModel
 from .costs import COSTS, SequenceCost
-from .fused_label_smoothed import label_smoothed_nll_loss_from_logits, normalizes_by_log_softmax
+from .fused_label_smoothed import label_smoothed_nll_loss_from_logits, normalizes_by_log_softmax, unwrap
 
 # what fairseq.data.data_utils.post_process understands; anything else raises there, mid-training
 POST_PROCESS_CHOICES = ("sentencepiece", "subword_nmt", "@@ ", "@@", "wordpiece", "letter", "_EOW", "none")
@@ -189,7 +189,7 @@ class SequenceRiskCriterion(FairseqCriterion):
         """n candidates per source from the current model (eval mode, no gradients); each ends in EOS."""
         was_training = model.training
         generator = SequenceGenerator(
-            [_unwrap(model)],  # beam search calls the encoder and decoder directly, not the DDP wrapper
+            [unwrap(model)],  # beam search calls the encoder and decoder directly, not the DDP wrapper
             self.tgt_dict,
             beam_size=self.num_candidates,
             max_len_a=self.max_len_a,
@@ -410,11 +410,4 @@ def _strip_eos(tokens: torch.Tensor, dictionary: Dictionary) -> torch.Tensor:
 def reads_rows_per_source(model) -> bool:
     """Whether the model's decoder takes G consecutive rows per source of its batch (rows r*G .. r*G+G-1 read
     source r): a ConvS2S model's does (its attention groups them, as for beam search's hypotheses)."""
-    return isinstance(_unwrap(model), ConvS2SModel)
-
-
-def _unwrap(model):
-    """The model inside fairseq's distributed wrappers (ModuleProxyWrapper around DistributedDataParallel)."""
-    while isinstance(getattr(model, "module", None), torch.nn.Module):
-        model = model.module
-    return model
+    return isinstance(unwrap(model), ConvS2SModel)
