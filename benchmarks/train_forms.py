@@ -11,6 +11,8 @@ and with, in turn:
   backward);
 - ``fairseq-loss``: fairseq's ``label_smoothed_cross_entropy`` loss through the log-softmax, instead of the
   plugin's ``fused_label_smoothed_cross_entropy`` (the unchanged update uses the fused loss);
+- ``torch-dropout``: ``F.dropout`` (a float Bernoulli mask, what fconv runs) instead of the model's CPU
+  dropout (a mask from 32 random bits an element, kept as bools; ``fairseq_convs2s.modules.dropout``);
 - ``torch-compile``: the model's forward (and so its backward) compiled by ``torch.compile`` (inductor; the
   compilation falls in the warm-up), instead of run eagerly; the loss and optimizer step stay eager.
 Medians of the repeats, each variant timed alternately with the unchanged model; ratio = variant time /
@@ -24,8 +26,9 @@ import time
 import torch
 import torch.nn.functional as F
 from fairseq.criterions.label_smoothed_cross_entropy import label_smoothed_nll_loss
+from fairseq.modules import FairseqDropout
 
-from fairseq_convs2s.modules import weight_norm
+from fairseq_convs2s.modules import dropout, weight_norm
 
 from . import measure
 from .pair import SIZES, build_pair, make_dictionary
@@ -91,6 +94,12 @@ def fairseq_loss(step):
 
 
 @contextlib.contextmanager
+def torch_dropout(step):
+    with _patched(dropout.Dropout, "forward", FairseqDropout.forward):
+        yield
+
+
+@contextlib.contextmanager
 def torch_compile(step):
     if "compiled_model" not in vars(step):  # one wrapper, compiled at its first call (the warm-up)
         step.compiled_model = torch.compile(step.model)
@@ -103,6 +112,7 @@ VARIANTS = {
     "onednn-weight-gradients": onednn_weight_gradients,
     "onednn-convs": onednn_convs,
     "fairseq-loss": fairseq_loss,
+    "torch-dropout": torch_dropout,
     "torch-compile": torch_compile,
 }
 

@@ -6,11 +6,11 @@ import torch
 from fairseq import utils
 from fairseq.data import Dictionary
 from fairseq.models import FairseqIncrementalDecoder
-from fairseq.modules import FairseqDropout
 from torch import Tensor, nn
 
 from ..modules.attention import MultiStepAttention, attend
 from ..modules.conv_block import build_blocks
+from ..modules.dropout import Dropout
 from ..modules.embedding import LearnedPositionalEmbedding, TokenEmbedding
 from ..modules.weight_norm import (
     WeightNormLinear,
@@ -54,7 +54,7 @@ class ConvS2SDecoder(FairseqIncrementalDecoder):
         super().__init__(dictionary)
         self.register_buffer("version", torch.tensor([2.0]))  # the state-dict format; see upgrade_state_dict_named
         padding_idx = dictionary.pad()
-        self.dropout_module = FairseqDropout(dropout, module_name=type(self).__name__)
+        self.dropout_module = Dropout(dropout, module_name=type(self).__name__)
         self.need_attn = True
 
         self.embed_tokens = TokenEmbedding(len(dictionary), embed_dim, padding_idx)
@@ -199,9 +199,7 @@ class ConvS2SDecoder(FairseqIncrementalDecoder):
         cached = self.__dict__.get("_folded")
         if cached is None or cached[0] != inference_pass:
             active_dropout = any(
-                m.p > 0 and (m.training or m.apply_during_inference)
-                for m in self.modules()
-                if isinstance(m, FairseqDropout)
+                m.p > 0 and (m.training or m.apply_during_inference) for m in self.modules() if isinstance(m, Dropout)
             )
             cached = (inference_pass, None if active_dropout else _FoldedProducts.of(self))
             self.__dict__["_folded"] = cached

@@ -6,10 +6,11 @@ import torch
 from fairseq import utils
 from fairseq.data import Dictionary
 from fairseq.models import FairseqEncoder
-from fairseq.modules import FairseqDropout, GradMultiply
+from fairseq.modules import GradMultiply
 from torch import Tensor, nn
 
 from ..modules.conv_block import build_blocks
+from ..modules.dropout import Dropout
 from ..modules.embedding import LearnedPositionalEmbedding, TokenEmbedding
 from ..modules.weight_norm import WeightNormLinear, is_compiling, linear_std, start_inference_pass
 from .layer_spec import ConvLayer
@@ -50,7 +51,7 @@ class ConvS2SEncoder(FairseqEncoder):
     ):
         super().__init__(dictionary)
         self.padding_idx = dictionary.pad()
-        self.dropout_module = FairseqDropout(dropout, module_name=type(self).__name__)
+        self.dropout_module = Dropout(dropout, module_name=type(self).__name__)
         self.embed_tokens = TokenEmbedding(len(dictionary), embed_dim, self.padding_idx)
         if embed_dict is not None:
             self.embed_tokens = utils.load_embedding(embed_dict, dictionary, self.embed_tokens)

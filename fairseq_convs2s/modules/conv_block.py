@@ -5,9 +5,9 @@ from typing import Callable, List, Optional, Sequence, Tuple
 
 import torch
 import torch.nn.functional as F
-from fairseq.modules import FairseqDropout
 from torch import Tensor, nn
 
+from .dropout import Dropout
 from .weight_norm import WeightNormConvTBC, WeightNormLinear, glu_input_std, linear_std
 
 
@@ -30,7 +30,7 @@ class ConvBlock(nn.Module):
         causal: bool,
     ):
         super().__init__()
-        self.dropout_module = FairseqDropout(dropout, module_name=type(self).__name__)
+        self.dropout_module = Dropout(dropout, module_name=type(self).__name__)
         # the conv feeds a GLU and sees dropped-out input: std sqrt(4p / (k * in)) (paper 3.5)
         self.conv = WeightNormConvTBC(
             in_channels, 2 * out_channels, kernel_size, std=glu_input_std(kernel_size * in_channels, dropout)
