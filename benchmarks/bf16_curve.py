@@ -1,8 +1,10 @@
 """Two ways of training the same model on real data, side by side: words/s and the loss curve, same seed, same
 batches. ``--compare bf16`` (the default): fp32 against ``--bf16`` on a CPU; ``--compare fused-loss``: fairseq's
-``label_smoothed_cross_entropy`` against the plugin's ``fused_label_smoothed_cross_entropy``.
+``label_smoothed_cross_entropy`` against the plugin's ``fused_label_smoothed_cross_entropy``; ``--compare malloc``:
+glibc's default malloc (``MALLOC_MMAP_MAX_=65536``, its default value, set so that the training entry leaves malloc
+alone) against the training entry's ``keep_freed_memory``.
 
-    python -m benchmarks.bf16_curve DATA_BIN [--compare bf16|fused-loss] [--swap] [--updates 200] [--out FILE]
+    python -m benchmarks.bf16_curve DATA_BIN [--compare bf16|fused-loss|malloc] [--swap] [--updates 200] [--out FILE]
 
 Trains the model twice from the same initialization with ``python -m fairseq_convs2s.train`` (stock
 fairseq-train cannot run ``--bf16`` on a CPU), then scores both final checkpoints with ``fairseq-validate`` in
@@ -13,6 +15,7 @@ losses. DATA_BIN is a ``fairseq-preprocess`` folder, e.g. the Multi30k recipe's 
 
 import argparse
 import json
+import os
 import re
 import statistics
 import subprocess
@@ -24,17 +27,18 @@ REPO = Path(__file__).resolve().parent.parent
 USER_DIR = REPO / "fairseq_convs2s"
 _RECORD = re.compile(r"\| train_inner \| (\{.*\})\s*$")
 _VALID = re.compile(r"\| valid on '[^']*' subset \| loss ([0-9.]+) \| nll_loss ([0-9.]+)")
-# the two runs of each comparison: (name, extra flags); later flags win over the common ones
+# the two runs of each comparison: (name, extra flags, environment); later flags win over the common ones
 COMPARISONS = {
-    "bf16": (("fp32", []), ("bf16", ["--bf16"])),
+    "bf16": (("fp32", [], {}), ("bf16", ["--bf16"], {})),
     "fused-loss": (
-        ("label_smoothed_cross_entropy", []),
-        ("fused_label_smoothed_cross_entropy", ["--criterion", "fused_label_smoothed_cross_entropy"]),
+        ("label_smoothed_cross_entropy", [], {}),
+        ("fused_label_smoothed_cross_entropy", ["--criterion", "fused_label_smoothed_cross_entropy"], {}),
     ),
+    "malloc": (("glibc_default", [], {"MALLOC_MMAP_MAX_": "65536"}), ("freed_memory_kept", [], {})),
 }
 
 
-def train(data: Path, save_dir: Path, args, extra):
+def train(data: Path, save_dir: Path, args, extra, env):
     cmd = [sys.executable, "-m", "fairseq_convs2s.train", str(data), "--user-dir", str(USER_DIR)]
     cmd += ["--arch", args.arch, "--optimizer", "nag", "--momentum", "0.99", "--lr", "0.25", "--clip-norm", "0.1"]
     cmd += ["--dropout", "0.2", "--criterion", "label_smoothed_cross_entropy", "--label-smoothing", "0.1"]
@@ -42,8 +46,8 @@ def train(data: Path, save_dir: Path, args, extra):
     cmd += ["--disable-validation", "--no-epoch-checkpoints", "--save-dir", str(save_dir)]
     cmd += ["--log-format", "json", "--log-interval", str(args.log_interval)]
     cmd += extra
-    print("$ " + " ".join(cmd[1:]), flush=True)
-    proc = subprocess.run(cmd, capture_output=True, text=True, check=True)
+    print("$ " + " ".join([f"{k}={v}" for k, v in env.items()] + cmd[1:]), flush=True)
+    proc = subprocess.run(cmd, capture_output=True, text=True, check=True, env={**os.environ, **env})
     return [json.loads(m.group(1)) for m in map(_RECORD.search, proc.stdout.splitlines()) if m]
 
 
@@ -71,16 +75,16 @@ def main(argv=None):
     runs = COMPARISONS[args.compare][::-1] if args.swap else COMPARISONS[args.compare]
     results = {"data": str(args.data), "updates": args.updates, "arch": args.arch, "compare": args.compare}
     with tempfile.TemporaryDirectory() as checkpoints:  # the checkpoints are not kept
-        for name, extra in runs:
+        for name, extra, env in runs:
             save_dir = Path(checkpoints) / name
-            records = train(args.data, save_dir, args, extra)
+            records = train(args.data, save_dir, args, extra, env)
             wps = [float(r["wps"]) for r in records[1:]]
             results[name] = {
                 "words_per_s": statistics.median(wps),
                 "loss": {int(r["num_updates"]): float(r["loss"]) for r in records},
                 "valid_loss_nll": validate(args.data, save_dir / "checkpoint_last.pt"),
             }
-    (a, _), (b, _) = runs
+    (a, *_), (b, *_) = runs
     results["speedup"] = results[b]["words_per_s"] / results[a]["words_per_s"]
     print(f"\n{args.arch}, {args.updates} updates on {args.data}")
     print(
@@ -89,7 +93,7 @@ def main(argv=None):
     print(f"update | train loss, {a} | train loss, {b}")
     for update in results[a]["loss"]:
         print(f"{update:6d} | {results[a]['loss'][update]:.3f} | {results[b]['loss'].get(update, float('nan')):.3f}")
-    for name, _ in runs:
+    for name, *_ in runs:
         loss, nll = results[name]["valid_loss_nll"]
         print(f"valid after {args.updates} updates, {name} model (scored in fp32): loss {loss:.3f}, nll {nll:.3f}")
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -18,8 +18,12 @@ Every flag is fairseq-train's and means what it means there; this only changes w
 - The extra copies of a checkpoint (``checkpoint_last.pt`` after ``checkpoint_3_500.pt``, ``checkpoint_best.pt``)
   are written to a temporary file and renamed, as fairseq already does for the first file; stock fairseq copies
   in place, so a kill during the copy leaves a truncated ``checkpoint_last.pt`` that the restart then fails to load.
+- With ``--cpu``, glibc's malloc keeps the memory that an update frees for the next one
+  (:func:`keep_freed_memory`), so that the large per-update tensors are not faulted in page by page at every
+  update; the user's own ``MALLOC_MMAP_MAX_`` or ``MALLOC_TRIM_THRESHOLD_`` wins.
 """
 
+import ctypes
 import functools
 import logging
 import os
@@ -70,6 +74,8 @@ def _patched_fairseq_main(cfg, **kwargs) -> None:
     starts fresh interpreters that have not seen the parent's patches)."""
     from fairseq_cli.train import main as fairseq_main
 
+    if cfg.common.cpu:
+        keep_freed_memory()
     patch_fairseq()
     fairseq_main(cfg, **kwargs)
 
@@ -130,6 +136,31 @@ def _cpu_rank_main(rank: int, cfg, threads: int) -> None:
     cfg.distributed_training.distributed_rank = rank
     cfg.distributed_training.device_id = 0
     distributed_utils.call_main(cfg, _patched_fairseq_main)
+
+
+# mallopt's parameters (glibc's malloc.h)
+M_TRIM_THRESHOLD, M_MMAP_MAX = -1, -4
+
+
+def keep_freed_memory() -> bool:
+    """Have glibc's malloc serve every allocation from its heap and keep what is freed there for reuse; returns
+    whether it did (glibc only, and not where the environment sets either option: the user's choice stands).
+
+    By default glibc maps each allocation above 32 MiB (its largest mmap threshold) afresh and unmaps it when freed,
+    so the tensors of an update that size (the logits, log-probabilities and their gradients, N x V floats) are
+    faulted in and zeroed by the kernel page by page at every update: 127 MiB an update for the benchmarks'
+    iwslt-size update, 64 x 26 tokens. On Multi30k (``--max-tokens 4000``) training ran 1.48x and 1.58x faster
+    this way, the same losses (``python -m benchmarks.bf16_curve DATA --compare malloc``, both orders; BENCHMARKS.md).
+    The cost: the process keeps its peak memory until it exits.
+    """
+    if "MALLOC_MMAP_MAX_" in os.environ or "MALLOC_TRIM_THRESHOLD_" in os.environ:
+        return False
+    try:
+        mallopt = ctypes.CDLL("libc.so.6").mallopt
+    except (OSError, AttributeError):  # not glibc
+        return False
+    mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
+    return mallopt(M_MMAP_MAX, 0) == 1 and mallopt(M_TRIM_THRESHOLD, 2**31 - 1) == 1
 
 
 # ---- patches to fairseq, applied in every training process ----------------------------------------------------
