@@ -23,6 +23,13 @@ def test_mask_keeps_each_element_with_probability_one_minus_p(p):
     assert abs((odd_even[:, 0] * odd_even[:, 1]).mean().item() - (1 - p) ** 2) < 5 * math.sqrt(2 / n)
 
 
+def test_mask_at_the_edges_of_p_and_of_size():
+    torch.manual_seed(0)
+    assert keep_mask(torch.Size([1000]), 0.0).all()
+    assert not keep_mask(torch.Size([1000]), 1.0 - 1e-12).any()  # the threshold stays within int32
+    assert keep_mask(torch.Size([0, 3]), 0.5).shape == (0, 3)
+
+
 def test_mask_follows_the_seed():
     torch.manual_seed(3)
     a = keep_mask(torch.Size([5, 7, 3]), 0.3)
