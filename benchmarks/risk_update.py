@@ -58,6 +58,10 @@ def main(argv=None) -> None:
     p.add_argument("--threads", type=int, default=0)
     p.add_argument("--variants", default=",".join(VARIANTS), help=f"comma-separated, of {', '.join(VARIANTS)}")
     args = p.parse_args(argv)
+    variants = args.variants.split(",")
+    for name in variants:  # before the model is loaded and the candidates generated
+        if not set(name.split("+")) <= set(VARIANTS):
+            p.error(f"unknown variant {name!r}: choose from {', '.join(VARIANTS)}")
     logging.disable(logging.WARNING)
     measure.use_threads(args.threads)
     from fairseq import checkpoint_utils
@@ -97,13 +101,12 @@ def main(argv=None) -> None:
     print(
         f"per update (median): beam search {statistics.median(generate_s):.3f}s, costs {statistics.median(cost_s):.3f}s"
     )
-    for name in args.variants.split(","):
-        if not set(name.split("+")) <= set(VARIANTS):
-            p.error(f"unknown variant {name!r}: choose from {', '.join(VARIANTS)}")
 
-        def unchanged():
-            for i in range(len(samples)):
-                score(i)
+    def unchanged():
+        for i in range(len(samples)):
+            score(i)
+
+    for name in variants:
 
         def changed(name=name):
             with _variant(name):

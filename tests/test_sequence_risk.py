@@ -264,6 +264,8 @@ def _lsce(model, sample, dictionary):
     finally:
         if own is None:
             del model.get_normalized_probs
+        else:
+            model.get_normalized_probs = own
     loss.backward()
     return loss.item(), sample_size, {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
 

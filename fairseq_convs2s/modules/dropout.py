@@ -19,11 +19,11 @@ from torch import Tensor
 from .weight_norm import is_compiling
 
 
-def keep_mask(shape: torch.Size, p: float, generator=None) -> Tensor:
+def keep_mask(shape: torch.Size, p: float) -> Tensor:
     """A bool mask of ``shape``, each element True independently with probability 1 - p (to within 2^-32)."""
     n = shape.numel()
     # one 64-bit draw over the full range gives two uniform 32-bit integers
-    bits = torch.empty((n + 1) // 2, dtype=torch.int64).random_(-(2**63), None, generator=generator)
+    bits = torch.empty((n + 1) // 2, dtype=torch.int64).random_(-(2**63), None)
     bits = bits.view(torch.int32)[:n]  # n, uniform over [-2^31, 2^31)
     threshold = min(round(p * 2**32) - 2**31, 2**31 - 1)  # P(bits < threshold) = p (int32's range, p near 1)
     return (bits >= threshold).view(shape)
