@@ -7,7 +7,7 @@ The fconv model is built by stock fairseq with its own initialization; the convs
 import argparse
 from dataclasses import dataclass
 from types import SimpleNamespace
-from typing import Dict, List
+from typing import Dict, List, Optional
 
 import torch
 from fairseq.data import Dictionary
@@ -55,8 +55,11 @@ def make_dictionary(size: int) -> Dictionary:
     return d
 
 
-def build_pair(size: Size, dictionary: Dictionary, dropout: float, seed: int = 1):
-    """(fconv, convs2s): stock fconv with fairseq's init, and its conversion; both in train mode."""
+def build_pair(
+    size: Size, dictionary: Dictionary, dropout: float, seed: int = 1, target_dictionary: Optional[Dictionary] = None
+):
+    """(fconv, convs2s): stock fconv with fairseq's init, and its conversion; both in train mode. One joint
+    dictionary unless ``target_dictionary`` is given."""
     torch.manual_seed(seed)
     args = argparse.Namespace(
         arch="fconv",
@@ -71,7 +74,7 @@ def build_pair(size: Size, dictionary: Dictionary, dropout: float, seed: int = 1
         share_input_output_embed=False,
     )
     fconv_base_architecture(args)
-    task = SimpleNamespace(source_dictionary=dictionary, target_dictionary=dictionary)
+    task = SimpleNamespace(source_dictionary=dictionary, target_dictionary=target_dictionary or dictionary)
     fconv = FConvModel.build_model(args, task)
     checkpoint = {"cfg": {"model": args, "task": {"_name": "translation"}}, "model": fconv.state_dict()}
     converted = convert_checkpoint(checkpoint)

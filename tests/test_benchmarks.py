@@ -1,5 +1,5 @@
 """The benchmark harness: its FLOP counter (the training bound and the FLOP/s-of-peak column rest on it), its time
-split, its report, and the training-forms variants."""
+split, its report, the training-forms variants and the real-batches comparison."""
 
 import json
 from pathlib import Path
@@ -8,8 +8,10 @@ from types import SimpleNamespace
 import pytest
 import torch
 import torch.nn.functional as F
+from cli_helpers import make_splits, preprocess
 
 from benchmarks.measure import count_flops
+from benchmarks.real_batches import main as real_batches_main
 from benchmarks.report import render
 from benchmarks.train_forms import main as train_forms_main
 from benchmarks.train_forms import torch_compile
@@ -101,3 +103,24 @@ def test_train_forms_refuses_cpu_only_variants_on_a_gpu(capsys):
     with pytest.raises(SystemExit):
         train_forms_main(["--device", "cuda", "--variants", "torch-compile,mkl-linears"])
     assert "on a GPU only fairseq-loss, torch-compile apply" in capsys.readouterr().err
+
+
+def test_real_batches_times_the_four_variants_from_equal_weights(tmp_path, capsys):
+    """``benchmarks.real_batches`` on a generated corpus: fairseq's batches (with their padding), every variant
+    trained from the same weights, and without dropout the same losses as fconv's, the row-selecting fused
+    criterion included."""
+    make_splits(tmp_path, {"train": 60, "valid": 4})
+    preprocess(tmp_path, "bin", trainpref="train", validpref="valid")
+    out = tmp_path / "real.json"
+    real_batches_main(
+        [str(tmp_path / "bin"), "--batches", "2", "--repeats", "1", "--max-tokens", "200", "--dropout", "0"]
+        + ["--default-malloc", "--threads", "0", "--out", str(out)]
+    )
+    result = json.loads(out.read_text())
+    assert [row["variant"] for row in result["rows"]] == ["fconv", "convs2s", "convs2s-fused-all", "convs2s-fused"]
+    assert result["batches"] == 2 and result["target_tokens"] < result["target_positions"]  # padded batches
+    losses = result["first_pass_losses"]
+    assert len(losses["fconv"]) == 2
+    for name, values in losses.items():
+        assert values == pytest.approx(losses["fconv"], rel=1e-4), name
+    assert "padding" in capsys.readouterr().out

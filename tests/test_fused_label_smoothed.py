@@ -129,12 +129,48 @@ def test_criterion_equals_label_smoothed_cross_entropy_on_a_model(ignore_prefix_
         torch.testing.assert_close(grads_b[name], grads_a[name], rtol=1e-4, atol=1e-6, msg=name)
 
 
+def test_the_criterion_projects_only_the_targets_positions():
+    """Through a ConvS2S model (here inside fairseq's two distributed wrappers) the criterion asks for the logits
+    of the target's non-padding positions alone; with --sentence-avg it normalizes by sentences as fairseq's
+    does; unreduced, it gives fairseq's per-position losses, padding included."""
+    seed_all(0)
+    d = make_dictionary()
+    model = build_model("convs2s_iwslt_de_en", dictionary=d, dropout=0.0)
+    src = random_batch(d, [5, 7, 3], seed=1)
+    tgt = random_batch(d, [6, 2, 5], seed=2, left_pad=False)  # 13 tokens in 18 positions
+    prev = torch.cat([torch.full((3, 1), d.eos()), tgt[:, :-1]], dim=1)
+    sample = {
+        "net_input": {"src_tokens": src, "src_lengths": src.ne(d.pad()).sum(1), "prev_output_tokens": prev},
+        "target": tgt,
+        "ntokens": 13,
+    }
+    projected = []
+    hook = model.decoder.output_projection.register_forward_pre_hook(lambda m, a: projected.append(a[0].shape[:-1]))
+    stock, fused = _criteria(d, sentence_avg=True)
+    loss, sample_size, log = fused(_Wrapper(_Wrapper(model)), sample)
+    assert projected == [(13,)]
+    expected_loss, expected_size, expected_log = stock(model, sample)
+    torch.testing.assert_close(loss, expected_loss)
+    assert sample_size == expected_size == 3
+    assert {k: v for k, v in log.items() if k not in ("loss", "nll_loss")} == {
+        k: v for k, v in expected_log.items() if k not in ("loss", "nll_loss")
+    }
+    projected.clear()
+    rows, _, _ = fused(model, sample, reduce=False)
+    assert projected == [(3, 6)]  # fairseq's unreduced losses are per position: the whole batch
+    torch.testing.assert_close(rows, stock(model, sample, reduce=False)[0])
+    hook.remove()
+
+
 class _Wrapper(torch.nn.Module):
     """Stands for fairseq's distributed wrappers: a ModuleProxyWrapper around DistributedDataParallel."""
 
     def __init__(self, module):
         super().__init__()
         self.module = module
+
+    def forward(self, *args, **kwargs):
+        return self.module(*args, **kwargs)
 
 
 def test_the_check_sees_through_distributed_wrappers_and_instance_overrides():

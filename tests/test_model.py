@@ -170,6 +170,50 @@ def test_sentence_scores_the_same_alone_and_in_a_padded_batch(arch):
     torch.testing.assert_close(batch[:1, :5], alone, atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("share", [False, True])
+@pytest.mark.parametrize("training", [True, False])
+def test_output_rows_give_the_logits_of_the_selected_positions(training, share):
+    """``output_rows`` (B x T bool): the logits of exactly those positions, in row-major order, equal to the full
+    pass's (in training with dropout too: its mask is still drawn over every position; at inference through the
+    folded products); in training the vocabulary projection sees those rows alone."""
+    seed_all(0)
+    model = build_model(dropout=0.3, share_input_output_embed=share).train(training)
+    d = model.encoder.dictionary
+    src = random_batch(d, [4, 9, 7], seed=7)
+    prev = random_batch(d, [6, 3, 8], seed=8, left_pad=False)
+    rows = prev.ne(d.pad())  # B x T: 17 of 24 positions
+    projected = []
+    hook = model.decoder.output_projection.register_forward_pre_hook(lambda m, a: projected.append(a[0].shape))
+    with torch.set_grad_enabled(training):
+        seed_all(5)
+        full = model(src, None, prev)[0]  # B x T x V
+        seed_all(5)
+        selected = model(src, None, prev, output_rows=rows)[0]  # N x V
+    hook.remove()
+    assert selected.shape == (17, len(d))
+    torch.testing.assert_close(selected, full[rows])
+    width = model.decoder.output_projection.in_features
+    if training:
+        assert [tuple(s) for s in projected] == [(3, 8, width), (17, width)]
+        assert not torch.equal(full, model(src, None, prev)[0])  # dropout was on: the seeds made the masks equal
+    elif share:  # a plain linear on the lookup table is its own folded product, called on B*T rows, then N
+        assert [tuple(s) for s in projected] == [(24, width), (17, width)]
+    else:  # inference calls the folded product, not the module
+        assert projected == []
+
+
+def test_output_rows_must_match_a_full_pass():
+    model = build_model().eval()
+    d = model.encoder.dictionary
+    src = random_batch(d, [4, 5], seed=1)
+    prev = random_batch(d, [3, 2], seed=2, left_pad=False)
+    with pytest.raises(ValueError, match="output_rows"):
+        model(src, None, prev, output_rows=prev.ne(d.pad())[:, :-1])
+    encoder_out = model.encoder(src)
+    with pytest.raises(ValueError, match="incremental"):
+        model.decoder(prev[:, :1], encoder_out, incremental_state={}, output_rows=prev[:, :1].ne(d.pad()))
+
+
 def test_attention_ignores_source_padding_and_is_a_distribution():
     """The averaged attention returned for alignments puts no weight on pads and sums to one per target step."""
     seed_all(0)

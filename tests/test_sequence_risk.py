@@ -249,6 +249,40 @@ def test_one_encoding_per_source_equals_a_source_row_per_candidate(tiny, monkeyp
         torch.testing.assert_close(grad, repeated_grads[name], rtol=1e-9, atol=1e-12, msg=name)
 
 
+def test_only_the_non_padding_positions_are_projected(tiny, monkeypatch):
+    """The candidates' rows are padded to the longest; a ConvS2S model projects only their non-padding positions
+    to the vocabulary (where the terms come from the logits), with the same loss and gradient as projecting
+    every position."""
+    crit = _criterion(tiny.dictionary, risk_include_reference=True)
+    cset = crit.build_candidate_set(tiny.sample, FIXED_CANDIDATES, costs=FIXED_COSTS)
+    projected = []
+    hook = tiny.model.decoder.output_projection.register_forward_pre_hook(
+        lambda m, args: projected.append(args[0].shape[:-1])
+    )
+
+    def loss_and_grads():
+        tiny.model.zero_grad()
+        loss = crit.loss_on_candidates(tiny.model, tiny.sample, cset)[0]
+        loss.backward()
+        return loss.item(), {n: p.grad.clone() for n, p in tiny.model.named_parameters() if p.grad is not None}
+
+    selected_loss, selected_grads = loss_and_grads()
+    monkeypatch.setattr(type(tiny.model.decoder), "projects_selected_rows", False)
+    full_loss, full_grads = loss_and_grads()
+    hook.remove()
+    rows = [len(seq) for row in cset.tokens for seq in row]  # 3 sources x (reference + 3 candidates), with EOS
+    padded = (len(rows), max(rows))  # every row padded to the longest
+    assert sum(rows) < len(rows) * max(rows)
+    if normalizes_by_log_softmax(tiny.model):  # the fused pass: only the tokens' own positions
+        assert projected == [(sum(rows),), padded]
+    else:  # the model's own normalization needs the whole B x T x V
+        assert projected == [padded, padded]
+    assert selected_loss == pytest.approx(full_loss, rel=1e-12)
+    assert selected_grads.keys() == full_grads.keys()
+    for name, grad in selected_grads.items():
+        torch.testing.assert_close(grad, full_grads[name], rtol=1e-9, atol=1e-12, msg=name)
+
+
 def _double_log_softmax(net_output, log_probs=True, sample=None):
     return F.log_softmax(net_output[0], dim=-1)
 

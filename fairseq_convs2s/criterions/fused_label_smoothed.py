@@ -23,6 +23,7 @@ fairseq's computation.
 from typing import Tuple
 
 import torch
+from fairseq import utils
 from fairseq.criterions import register_criterion
 from fairseq.criterions.label_smoothed_cross_entropy import (
     LabelSmoothedCrossEntropyCriterion,
@@ -136,10 +137,41 @@ def normalizes_by_log_softmax(model) -> bool:
     )
 
 
+def projects_selected_rows(model) -> bool:
+    """Whether the model's decoder takes ``output_rows`` (B x T bool) and returns the logits of those positions
+    alone (N x V): ConvS2S's decoder does; fairseq's models, fconv among them, project every position."""
+    return getattr(getattr(unwrap(model), "decoder", None), "projects_selected_rows", False) is True
+
+
 @register_criterion("fused_label_smoothed_cross_entropy", dataclass=LabelSmoothedCrossEntropyCriterionConfig)
 class FusedLabelSmoothedCrossEntropyCriterion(LabelSmoothedCrossEntropyCriterion):
     """fairseq's ``label_smoothed_cross_entropy`` (same flags, same loss, gradient and logging), computed from
-    the logits in one fused pass where the model normalizes by a plain log-softmax."""
+    the logits in one fused pass where the model normalizes by a plain log-softmax; for a model that can
+    project selected positions (ConvS2S), from the logits of the target's non-padding positions alone."""
+
+    def forward(self, model, sample, reduce=True):
+        if not (reduce and projects_selected_rows(model) and normalizes_by_log_softmax(model)):
+            return super().forward(model, sample, reduce=reduce)
+        target = sample["target"]  # B x T
+        rows = target.ne(self.padding_idx)  # B x T: the positions the loss counts
+        if self.ignore_prefix_size > 0:
+            rows[:, : self.ignore_prefix_size] = False
+        logits = model(**sample["net_input"], output_rows=rows)[0]  # N x V
+        target = target[rows]  # N
+        loss, nll_loss = label_smoothed_nll_loss_from_logits(logits, target, self.eps, self.padding_idx)
+        nsentences = sample["target"].size(0)
+        sample_size = nsentences if self.sentence_avg else sample["ntokens"]
+        logging_output = {
+            "loss": loss.data,
+            "nll_loss": nll_loss.data,
+            "ntokens": sample["ntokens"],
+            "nsentences": nsentences,
+            "sample_size": sample_size,
+        }
+        if self.report_accuracy:
+            logging_output["n_correct"] = utils.item(logits.argmax(1).eq(target).sum())
+            logging_output["total"] = target.numel()
+        return loss, sample_size, logging_output
 
     def compute_loss(self, model, net_output, sample, reduce=True):
         if not normalizes_by_log_softmax(model):

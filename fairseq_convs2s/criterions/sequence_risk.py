@@ -54,7 +54,12 @@ from omegaconf import II
 
 from ..models.convs2s import ConvS2SModel
 from .costs import COSTS, SequenceCost
-from .fused_label_smoothed import label_smoothed_nll_loss_from_logits, normalizes_by_log_softmax, unwrap
+from .fused_label_smoothed import (
+    label_smoothed_nll_loss_from_logits,
+    normalizes_by_log_softmax,
+    projects_selected_rows,
+    unwrap,
+)
 
 # what fairseq.data.data_utils.post_process understands; anything else raises there, mid-training
 POST_PROCESS_CHOICES = ("sentencepiece", "subword_nmt", "@@ ", "@@", "wordpiece", "letter", "_EOW", "none")
@@ -262,14 +267,13 @@ class SequenceRiskCriterion(FairseqCriterion):
             net_input["src_lengths"] = net_input["src_lengths"].repeat_interleave(width, dim=0)
         net_input["prev_output_tokens"] = prev_output_tokens
 
-        # one forward through the (possibly DDP-wrapped) model: every row's gradient flows through it
-        net_output = model(**net_input)
+        not_pad = target.ne(pad)  # (B*(1+K)) x T
+        # one forward through the (possibly DDP-wrapped) model: every row's gradient flows through it. The
         # token-level loss of the reference rows (column 0), label-smoothed exactly as fairseq's criterion, and
         # the log-probability of every row's tokens: (B*(1+K)) x T, 0 at padding
-        token_loss, nll_loss, token_scores = self._token_terms(model, net_output, target, bsz, width)
+        token_loss, nll_loss, token_scores = self._token_terms(model, net_input, target, not_pad, bsz, width)
 
         # sequence scores s(u): summed token log-probabilities of every row
-        not_pad = target.ne(pad)  # (B*(1+K)) x T
         scores = token_scores.sum(-1)  # B*(1+K)
         if self.length_normalize:
             scores = scores / not_pad.sum(-1).clamp(min=1)
@@ -295,21 +299,34 @@ class SequenceRiskCriterion(FairseqCriterion):
         }
         return loss, sample_size, logging_output
 
-    def _token_terms(self, model, net_output, target: torch.Tensor, bsz: int, width: int):
-        """(token loss, its NLL, token log-probabilities (B*(1+K)) x T) of the scored rows; target: (B*(1+K)) x T.
+    def _token_terms(self, model, net_input, target: torch.Tensor, not_pad: torch.Tensor, bsz: int, width: int):
+        """Run the model on ``net_input``; (token loss, its NLL, token log-probabilities (B*(1+K)) x T) of the
+        scored rows. target, not_pad: (B*(1+K)) x T.
 
         Porting note: where the model normalizes by a plain log-softmax, the terms come from the logits in one
         fused pass (``fused_label_smoothed``): the (B*(1+K)) x T x V log-probabilities, nine times a token-level
-        batch's with 8 candidates, are never stored, nor are the gathers' zero-filled gradients.
+        batch's with 8 candidates, are never stored, nor are the gathers' zero-filled gradients. A ConvS2S model
+        projects only the non-padding positions (``output_rows``): candidates of unequal lengths pad the rows.
         """
         pad = self.padding_idx
         if normalizes_by_log_softmax(model):
-            logits = net_output[0]  # (B*(1+K)) x T x V
-            loss_rows, nll_rows = label_smoothed_nll_loss_from_logits(
-                logits.reshape(-1, logits.size(-1)), target.reshape(-1), self.eps, pad, reduce=False
-            )  # each (B*(1+K))*T x 1, 0 at padding
+            selected = projects_selected_rows(model)
+            if selected:
+                logits = model(**net_input, output_rows=not_pad)[0]  # N x V, N = not_pad.sum()
+                kept_target = target[not_pad]  # N
+            else:
+                logits = model(**net_input)[0]  # (B*(1+K)) x T x V
+                logits, kept_target = logits.reshape(-1, logits.size(-1)), target.reshape(-1)
+            terms = label_smoothed_nll_loss_from_logits(
+                logits, kept_target, self.eps, pad, reduce=False
+            )  # loss and NLL, each N x 1 (0 at any padding among them)
+            loss_rows, nll_rows = (
+                t.new_zeros(target.shape).masked_scatter(not_pad, t.squeeze(1)) if selected else t.view(target.shape)
+                for t in terms
+            )  # each (B*(1+K)) x T, 0 at padding
             loss_rows, nll_rows = (t.view(bsz, width, -1) for t in (loss_rows, nll_rows))
             return loss_rows[:, 0].sum(), nll_rows[:, 0].sum(), -nll_rows.view(target.shape)
+        net_output = model(**net_input)
         lprobs = model.get_normalized_probs(net_output, log_probs=True)  # (B*(1+K)) x T x V
         vocab, length = lprobs.size(-1), lprobs.size(1)
         ref_lprobs = lprobs.view(bsz, width, length, vocab)[:, 0]  # B x T x V
@@ -317,7 +334,7 @@ class SequenceRiskCriterion(FairseqCriterion):
         token_loss, nll_loss = label_smoothed_nll_loss(
             ref_lprobs.reshape(-1, vocab), ref_target.reshape(-1), self.eps, ignore_index=pad, reduce=True
         )
-        token_scores = lprobs.gather(-1, target.unsqueeze(-1)).squeeze(-1) * target.ne(pad)
+        token_scores = lprobs.gather(-1, target.unsqueeze(-1)).squeeze(-1) * not_pad
         return token_loss, nll_loss, token_scores
 
     # ---- fairseq's criterion interface ------------------------------------------------------------------------
@@ -331,9 +348,10 @@ class SequenceRiskCriterion(FairseqCriterion):
 
     def _token_level_only(self, model, sample):
         """alpha = 1: no candidates to generate; fairseq's label-smoothed loss on the reference."""
-        net_output = model(**sample["net_input"])
-        target = model.get_targets(sample, net_output)  # B x T: the reference rows alone (width 1)
-        loss, nll_loss, _ = self._token_terms(model, net_output, target, target.size(0), 1)
+        target = sample["target"]  # B x T: the reference rows alone (width 1)
+        loss, nll_loss, _ = self._token_terms(
+            model, sample["net_input"], target, target.ne(self.padding_idx), target.size(0), 1
+        )
         nsentences = sample["target"].size(0)
         sample_size = nsentences if self.sentence_avg else sample["ntokens"]
         logging_output = {

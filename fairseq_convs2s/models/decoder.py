@@ -37,6 +37,8 @@ class ConvS2SDecoder(FairseqIncrementalDecoder):
 
     # incremental steps at inference call the folded products (False: through the modules, as in training)
     use_folded_products = True
+    # forward(..., output_rows=mask) projects only the selected positions (fused_label_smoothed, sequence_risk)
+    projects_selected_rows = True
 
     def __init__(
         self,
@@ -90,6 +92,7 @@ class ConvS2SDecoder(FairseqIncrementalDecoder):
         encoder_out: Optional[ConvS2SEncoderOut] = None,
         incremental_state: Optional[IncrementalState] = None,
         features_only: bool = False,
+        output_rows: Optional[Tensor] = None,
         **unused,
     ) -> Tuple[Tensor, Optional[Tensor]]:
         """
@@ -99,10 +102,19 @@ class ConvS2SDecoder(FairseqIncrementalDecoder):
 
         B may be G times the encoder's batch B': rows r*G .. r*G+G-1 then read source r (beam search's
         hypotheses; sequence-level training's candidates, which so share one encoder pass).
+
+        output_rows (B x T bool, full passes only): project only these positions, returning their logits N x V in
+        row-major order (N = ``output_rows.sum()``), what the plugin's criteria ask for with the target's
+        non-padding positions.
         """
+        if output_rows is not None and (incremental_state is not None or output_rows.shape != prev_output_tokens.shape):
+            raise ValueError(
+                f"output_rows ({tuple(output_rows.shape)}) selects positions of a full pass over "
+                f"prev_output_tokens ({tuple(prev_output_tokens.shape)}), not of an incremental step"
+            )
         x, attn = self.extract_features(prev_output_tokens, encoder_out, incremental_state)
         if not features_only:
-            x = self.output_layer(x)
+            x = self.output_layer(x, output_rows=output_rows)
         return x, attn
 
     def extract_features(
@@ -178,12 +190,24 @@ class ConvS2SDecoder(FairseqIncrementalDecoder):
         attn_avg = attn_sum.unsqueeze(1) / self.num_attention_layers if attn_sum is not None else None
         return x.unsqueeze(1), attn_avg  # B x 1 x out_embed, B x 1 x S
 
-    def output_layer(self, features: Tensor, **unused) -> Tensor:
-        """B x T x out_embed -> B x T x V logits: dropout, then W_o (at inference, its folded product)."""
+    def output_layer(self, features: Tensor, output_rows: Optional[Tensor] = None, **unused) -> Tensor:
+        """B x T x out_embed -> B x T x V logits: dropout, then W_o (at inference, its folded product); with
+        ``output_rows`` (B x T bool) the logits of those positions alone, N x V.
+
+        Porting note: fconv projects every position of the batch to the vocabulary, the target's padding too,
+        which its criterion then ignores. Given the positions that count (``output_rows``: the plugin's criteria
+        pass the target's non-padding), only those rows are projected: the largest product of a training update
+        and the loss over its N x V logits shrink by the batch's share of padding (12% of target positions in
+        Multi30k batches of 4,000 tokens), with the same values. Dropout still draws its mask over all of B x T,
+        so the random stream, and so training, is the same as without the selection.
+        """
         folded = self._folded_products()
         if folded is None:
-            return self.output_projection(self.dropout_module(features))
-        return folded.output_projection(features.reshape(-1, features.size(-1))).view(*features.shape[:-1], -1)
+            x = self.dropout_module(features)  # B x T x out_embed
+            return self.output_projection(x if output_rows is None else x[output_rows])  # (B x T | N) x V
+        rows = features.reshape(-1, features.size(-1)) if output_rows is None else features[output_rows]
+        logits = folded.output_projection(rows)  # (B*T | N) x V
+        return logits if output_rows is not None else logits.view(*features.shape[:-1], -1)
 
     def _folded_products(self) -> Optional["_FoldedProducts"]:
         """The decoder's products with the weights folded for the current inference pass, or None where they
