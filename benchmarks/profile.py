@@ -40,14 +40,19 @@ def main(argv=None) -> None:
     with torch.profiler.profile() as prof:
         for _ in range(args.runs):
             run()
+    print_operators(prof, f"{args.impl}, {args.size} size, {args.what}", args.runs, args.rows)
+
+
+def print_operators(prof, title: str, runs: int, rows: int) -> None:
+    """The ``rows`` operators of a finished ``torch.profiler`` run by self CPU time, per run, as a markdown table."""
     events = prof.key_averages()
-    total_ms = sum(e.self_cpu_time_total for e in events) / 1e3 / args.runs
-    print(f"{args.impl}, {args.size} size, {args.what}: {total_ms:.0f} ms of self CPU time per run ({args.runs} runs)")
+    total_ms = sum(e.self_cpu_time_total for e in events) / 1e3 / runs
+    print(f"{title}: {total_ms:.0f} ms of self CPU time per run ({runs} runs)")
     print("| operator | self CPU ms per run | share | calls per run |")
     print("|---|---|---|---|")
-    for e in sorted(events, key=lambda e: -e.self_cpu_time_total)[: args.rows]:
-        ms = e.self_cpu_time_total / 1e3 / args.runs
-        print(f"| {e.key} | {ms:.1f} | {ms / total_ms:.1%} | {e.count / args.runs:.0f} |")
+    for e in sorted(events, key=lambda e: -e.self_cpu_time_total)[:rows]:
+        ms = e.self_cpu_time_total / 1e3 / runs
+        print(f"| {e.key} | {ms:.1f} | {ms / total_ms:.1%} | {e.count / runs:.0f} |")
 
 
 if __name__ == "__main__":

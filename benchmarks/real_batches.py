@@ -17,7 +17,8 @@ has (printed). Each variant trains its own copy of the same weights; the passes 
 every repeat, one warm-up pass whose losses are kept and compared: equal with ``--dropout 0``), medians; words/s
 counts target tokens, as fairseq-train's ``wps``. In-process with freed memory kept
 (``keep_freed_memory``, what ``python -m fairseq_convs2s.train`` sets on a CPU), for all variants alike, unless
-``--default-malloc``. Writes ``benchmarks/results/real_batches.json``.
+``--default-malloc``. Writes ``benchmarks/results/real_batches.json``. With ``--profile`` it times nothing and
+prints the operators of three updates of fconv and of convs2s (the fused criterion) instead.
 """
 
 import argparse
@@ -38,6 +39,7 @@ from fairseq_convs2s.train import keep_freed_memory
 
 from . import measure
 from .pair import SIZES, build_pair
+from .profile import print_operators
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -98,6 +100,9 @@ def main(argv=None) -> None:
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--default-malloc", action="store_true", help="leave glibc's malloc as it is")
     p.add_argument("--out", default=str(RESULTS / "real_batches.json"))
+    p.add_argument(
+        "--profile", action="store_true", help="instead of timing: fconv's and convs2s's operators over 3 updates each"
+    )
     args = p.parse_args(argv)
     if not args.default_malloc:
         keep_freed_memory()
@@ -131,6 +136,15 @@ def main(argv=None) -> None:
         "convs2s-fused-all": timed_pass("convs2s-fused-all", copy.deepcopy(convs2s), fused, _all_positions),
         "convs2s-fused": timed_pass("convs2s-fused", convs2s, fused),
     }
+    if args.profile:
+        for name in ("fconv", "convs2s-fused"):
+            variants[name]()  # warm-up: the first pass over the batches
+            update = Update(fconv if name == "fconv" else convs2s, stock if name == "fconv" else fused)
+            with torch.profiler.profile() as prof:
+                for sample in samples[:3]:
+                    update(sample)
+            print_operators(prof, f"{name}, an update on these batches", min(3, len(samples)), 20)
+        return
     times = measure.alternate(variants, args.repeats, 1, torch.device("cpu"))
     seconds = {name: measure.median(ts) for name, ts in times.items()}
     rows = []

@@ -10,9 +10,12 @@ backward) of the criterion as it is and with, in turn:
 - ``repeated-sources``: every source repeated for each of its 1 + n rows, as for a model other than ConvS2S,
   instead of one encoder pass per source;
 - ``log-softmax``: the token terms through the model's log-softmax (the stored log-probabilities and their
-  gathers), as for a model with its own normalization, instead of from the logits in one fused pass.
+  gathers), as for a model with its own normalization, instead of from the logits in one fused pass;
+- ``all-positions``: every position of the rows projected to the vocabulary, the padding of the shorter
+  candidates too, instead of the non-padding positions alone (``output_rows``).
 
-``--variants repeated-sources+log-softmax`` takes both at once: the criterion before either shortcut.
+``--variants repeated-sources+log-softmax`` takes both at once: the criterion before any of its shortcuts (without
+the fused pass every position is projected anyway).
 Each variant alternates with the unchanged criterion over the same batches and candidate sets; medians of the
 per-update times; ratio = variant time / unchanged time, so above 1 means the shortcut pays.
 """
@@ -27,7 +30,7 @@ import torch
 
 from . import measure
 
-VARIANTS = ["repeated-sources", "log-softmax"]
+VARIANTS = ["repeated-sources", "log-softmax", "all-positions"]
 
 
 @contextlib.contextmanager
@@ -35,7 +38,11 @@ def _variant(name: str):
     """``a+b``: both variants at once (``repeated-sources+log-softmax`` is the criterion before either shortcut)."""
     from fairseq_convs2s.criterions import sequence_risk
 
-    attributes = {"repeated-sources": "reads_rows_per_source", "log-softmax": "normalizes_by_log_softmax"}
+    attributes = {
+        "repeated-sources": "reads_rows_per_source",
+        "log-softmax": "normalizes_by_log_softmax",
+        "all-positions": "projects_selected_rows",
+    }
     originals = {attributes[part]: getattr(sequence_risk, attributes[part]) for part in name.split("+")}
     for attribute in originals:
         setattr(sequence_risk, attribute, lambda model: False)

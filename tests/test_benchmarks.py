@@ -9,12 +9,16 @@ import pytest
 import torch
 import torch.nn.functional as F
 from cli_helpers import make_splits, preprocess
+from utils import build_model
 
 from benchmarks.measure import count_flops
 from benchmarks.real_batches import main as real_batches_main
 from benchmarks.report import render
+from benchmarks.risk_update import VARIANTS as RISK_VARIANTS
+from benchmarks.risk_update import _variant as risk_variant
 from benchmarks.train_forms import main as train_forms_main
 from benchmarks.train_forms import torch_compile
+from fairseq_convs2s.criterions import sequence_risk
 from fairseq_convs2s.modules import weight_norm
 
 
@@ -124,3 +128,31 @@ def test_real_batches_times_the_four_variants_from_equal_weights(tmp_path, capsy
     for name, values in losses.items():
         assert values == pytest.approx(losses["fconv"], rel=1e-4), name
     assert "padding" in capsys.readouterr().out
+
+
+def test_real_batches_profile_prints_both_models_operators(tmp_path, capsys):
+    make_splits(tmp_path, {"train": 40, "valid": 4})
+    preprocess(tmp_path, "bin", trainpref="train", validpref="valid")
+    real_batches_main(
+        [str(tmp_path / "bin"), "--batches", "2", "--max-tokens", "200", "--profile", "--default-malloc"]
+        + ["--threads", "0", "--out", str(tmp_path / "unused.json")]
+    )
+    out = capsys.readouterr().out
+    assert "fconv, an update on these batches" in out and "convs2s-fused, an update on these batches" in out
+    assert "aten::bernoulli_" in out.split("convs2s-fused, an update")[0]  # fconv's float dropout masks
+    assert not (tmp_path / "unused.json").exists()  # profiling times nothing
+
+
+def test_risk_update_variants_turn_a_shortcut_off_and_back_on():
+    model = build_model()
+    checks = {
+        "repeated-sources": sequence_risk.reads_rows_per_source,
+        "log-softmax": sequence_risk.normalizes_by_log_softmax,
+        "all-positions": sequence_risk.projects_selected_rows,
+    }
+    assert sorted(checks) == sorted(RISK_VARIANTS)
+    for name, check in checks.items():
+        assert check(model)
+        with risk_variant(name):
+            assert not getattr(sequence_risk, check.__name__)(model)
+        assert getattr(sequence_risk, check.__name__) is check
