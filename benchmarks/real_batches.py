@@ -119,32 +119,32 @@ def main(argv=None) -> None:
     flags = dict(sentence_avg=False, label_smoothing=0.1)
     stock = LabelSmoothedCrossEntropyCriterion(task, **flags)
     fused = FusedLabelSmoothedCrossEntropyCriterion(task, **flags)
+    updates = {  # each variant its own copy of the same weights, and its own optimizer
+        "fconv": Update(fconv, stock),
+        "convs2s": Update(copy.deepcopy(convs2s), stock),
+        "convs2s-fused-all": Update(copy.deepcopy(convs2s), fused),
+        "convs2s-fused": Update(convs2s, fused),
+    }
+    contexts = {"convs2s-fused-all": _all_positions}
+    if args.profile:
+        for name in ("fconv", "convs2s-fused"):
+            for sample in samples:  # warm-up: the first pass over the batches
+                updates[name](sample)
+            with torch.profiler.profile() as prof:
+                for sample in samples[:3]:
+                    updates[name](sample)
+            print_operators(prof, f"{name}, an update on these batches", min(3, len(samples)), 20)
+        return
     losses = {}
 
-    def timed_pass(name, model, criterion, context=contextlib.nullcontext):
-        update = Update(model, criterion)  # each variant its own copy of the weights and optimizer
-
+    def timed_pass(name):
         def run():
-            with context():
-                losses.setdefault(name, [update(s) for s in samples])  # the first pass's, from equal weights
+            with contexts.get(name, contextlib.nullcontext)():
+                losses.setdefault(name, [updates[name](s) for s in samples])  # the first pass's, from equal weights
 
         return run
 
-    variants = {
-        "fconv": timed_pass("fconv", fconv, stock),
-        "convs2s": timed_pass("convs2s", copy.deepcopy(convs2s), stock),
-        "convs2s-fused-all": timed_pass("convs2s-fused-all", copy.deepcopy(convs2s), fused, _all_positions),
-        "convs2s-fused": timed_pass("convs2s-fused", convs2s, fused),
-    }
-    if args.profile:
-        for name in ("fconv", "convs2s-fused"):
-            variants[name]()  # warm-up: the first pass over the batches
-            update = Update(fconv if name == "fconv" else convs2s, stock if name == "fconv" else fused)
-            with torch.profiler.profile() as prof:
-                for sample in samples[:3]:
-                    update(sample)
-            print_operators(prof, f"{name}, an update on these batches", min(3, len(samples)), 20)
-        return
+    variants = {name: timed_pass(name) for name in updates}
     times = measure.alternate(variants, args.repeats, 1, torch.device("cpu"))
     seconds = {name: measure.median(ts) for name, ts in times.items()}
     rows = []
