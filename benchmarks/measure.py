@@ -169,6 +169,12 @@ class TrainStep:
         for p in self.params:
             p.grad = None
         loss = self.forward_backward()
+        self.apply_gradients()
+        self.losses.append(loss.item() / self.sample["ntokens"])
+
+    def apply_gradients(self):
+        """The update after its backward: the gradients to the fp32 master weights (bf16), clip 0.1, the NAG
+        step, the weights back. torch's and fairseq's code over the parameters, the same for fconv and convs2s."""
         if self.master is not self.params:
             for m, p in zip(self.master, self.params):
                 m.grad = p.grad.float() if p.grad is not None else None
@@ -178,7 +184,13 @@ class TrainStep:
             with torch.no_grad():
                 for m, p in zip(self.master, self.params):
                     p.copy_(m)
-        self.losses.append(loss.item() / self.sample["ntokens"])
+
+    def apply_gradients_seconds(self, repeats: int, device: torch.device) -> float:
+        """Median seconds of :meth:`apply_gradients` alone, on the gradients of the last update (which it keeps
+        applying: for timing only, after the timed updates)."""
+        if all(p.grad is None for p in self.params):
+            raise RuntimeError("apply_gradients_seconds times the step after an update: run the update first")
+        return median(alternate({"apply": self.apply_gradients}, repeats, warmup=1, device=device)["apply"])
 
 
 class _NagCfg:

@@ -18,6 +18,8 @@ from typing import Dict, List, Tuple
 
 import torch
 
+from fairseq_convs2s.train import keep_freed_memory
+
 from . import measure
 from .pair import SIZES, build_pair, make_dictionary
 from .report import FUSED, write_markdown, write_plot
@@ -43,8 +45,27 @@ def parse_args(argv=None):
         help="only the time split of beam-5 generation (and its bound) for these cells, e.g. wmt_en_de:128; "
         "printed and written to split_<device>.json, BENCHMARKS.md left alone",
     )
+    add_malloc_flag(p)
     p.add_argument("--memory-worker", nargs=2, metavar=("IMPL", "SIZE"), help=argparse.SUPPRESS)
     return p.parse_args(argv)
+
+
+def add_malloc_flag(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--keep-freed-memory",
+        action="store_true",
+        help="have malloc keep freed memory, as python -m fairseq_convs2s.train does on a CPU (for both models); "
+        "by default glibc's own setting, as stock fairseq-train runs",
+    )
+
+
+def describe_run(args, device) -> Dict:
+    """The machine, and the malloc setting ``--keep-freed-memory`` asked for (applied here, before any timing)."""
+    machine = measure.describe_machine(device)
+    machine["freed_memory_kept"] = bool(args.keep_freed_memory) and keep_freed_memory()
+    if args.keep_freed_memory and not machine["freed_memory_kept"]:
+        log("--keep-freed-memory: not applied (not glibc, or MALLOC_MMAP_MAX_/MALLOC_TRIM_THRESHOLD_ set)")
+    return machine
 
 
 def _split_cells(text: str) -> List[Tuple[str, int]]:
@@ -123,14 +144,16 @@ def training(size_name: str, args, device, peaks: Dict[str, float]) -> List[Dict
         times = measure.alternate(steps, repeats, warmup=1, device=device)
         for name in steps:
             t = measure.median(times[name])
-            flops = measure.count_flops(steps[name].forward_backward)
             row[name] = {
                 "seconds_per_update": t,
                 "words_per_s": sample["ntokens"] / t,
-                "gflop_per_update": flops / 1e9,
-                "fraction_of_peak": flops / t / 1e9 / peaks[dtype_name],
                 "first_loss": steps[name].losses[0],
+                # clip and NAG step alone (fairseq's and torch's code on the same parameters for every model)
+                "apply_gradients_s": steps[name].apply_gradients_seconds(repeats, device),
             }
+            flops = measure.count_flops(steps[name].forward_backward)
+            row[name]["gflop_per_update"] = flops / 1e9
+            row[name]["fraction_of_peak"] = flops / t / 1e9 / peaks[dtype_name]
         row["speedup"] = row["convs2s"]["words_per_s"] / row["fconv"]["words_per_s"]
         row["speedup_fused"] = row[FUSED]["words_per_s"] / row["fconv"]["words_per_s"]
         log(
@@ -150,8 +173,8 @@ def limits(args, device, training_rows: List[Dict], peaks: Dict[str, float]) -> 
 
     Generation: the time of each model's beam-5 run split into encoder, decoder body, vocabulary projection and
     fairseq's beam search; were the convs2s body free, the speed-up would be fconv's total over the rest.
-    Training: an update costs at least the vocabulary part (measured alone) plus the body's FLOPs at the matmul
-    peak; fconv's update time over that is the bound.
+    Training: an update costs at least the vocabulary part (measured alone), the body's FLOPs at the matmul peak
+    and the gradient clipping and optimizer step (measured); fconv's update time over that is the bound.
     """
     generation_rows = generation_bounds("iwslt", (1, 16, 128), args, device, peaks["fp32"])
     out: Dict[str, List[Dict]] = {"generation": generation_rows, "training": []}
@@ -160,21 +183,33 @@ def limits(args, device, training_rows: List[Dict], peaks: Dict[str, float]) -> 
     sentences = 16 if args.quick else 64
     sample = measure.train_sample(dictionary, sentences, args.src_len, device)
     vocab_s = measure.vocabulary_step_seconds(sample, size.out_embed_dim, size.vocab, dictionary.pad(), 11, device)
+    out["training"] = training_bounds(training_rows, vocab_s, sample["ntokens"], peaks)
+    return out
+
+
+def training_bounds(training_rows: List[Dict], vocab_s: Dict[str, float], ntokens: int, peaks) -> List[Dict]:
+    """The bound on the iwslt fp32 training row: fconv's update time over the least any implementation of the
+    body pays, the vocabulary step (``vocab_s``, measured alone, with fairseq's loss and the fused one), the
+    body's FLOPs at the matmul peak, and the clip and optimizer step as measured in the row."""
+    size = SIZES["iwslt"]
+    bounds = []
     for r in training_rows:
         if r["size"] != "iwslt" or r["dtype"] != "fp32" or "skipped" in r:
             continue
-        vocab_flops = 6 * sample["ntokens"] * size.out_embed_dim * size.vocab  # forward + two backward products
+        vocab_flops = 6 * ntokens * size.out_embed_dim * size.vocab  # forward + two backward products
         body_s = max(0.0, r["convs2s"]["gflop_per_update"] * 1e9 - vocab_flops) / (peaks["fp32"] * 1e9)
         row = {"size": "iwslt", "vocabulary_s": vocab_s["stock"], "body_at_peak_s": body_s}
         row["vocabulary_fused_s"] = vocab_s["fused"]
+        row["apply_gradients_s"] = r["convs2s"]["apply_gradients_s"]
         row["fconv_s"] = r["fconv"]["seconds_per_update"]
         row["convs2s_s"] = r["convs2s"]["seconds_per_update"]
         row["convs2s_fused_s"] = r[FUSED]["seconds_per_update"]
-        row["bound"] = row["fconv_s"] / (vocab_s["stock"] + body_s)
-        row["bound_fused"] = row["fconv_s"] / (vocab_s["fused"] + body_s)
+        floor = body_s + row["apply_gradients_s"]
+        row["bound"] = row["fconv_s"] / (vocab_s["stock"] + floor)
+        row["bound_fused"] = row["fconv_s"] / (vocab_s["fused"] + floor)
         log(f"limits train: {row}")
-        out["training"].append(row)
-    return out
+        bounds.append(row)
+    return bounds
 
 
 def generation_bounds(size_name: str, batches, args, device, peak_gflops: float) -> List[Dict]:
@@ -271,6 +306,7 @@ def memory(args, device) -> List[Dict]:
             cmd = [sys.executable, "-m", "benchmarks.run", "--device", args.device, "--src-len", str(args.src_len)]
             cmd += ["--memory-worker", impl, size_name, "--threads", str(torch.get_num_threads())]
             cmd += ["--quick"] if args.quick else []
+            cmd += ["--keep-freed-memory"] if args.keep_freed_memory else []
             proc = subprocess.run(cmd, capture_output=True, text=True, cwd=Path(__file__).resolve().parent.parent)
             if proc.returncode != 0:
                 raise RuntimeError(f"memory worker failed:\n{proc.stderr[-3000:]}")
@@ -322,13 +358,15 @@ def main(argv=None) -> None:
     device = torch.device(args.device)
     measure.use_threads(args.threads)
     if args.memory_worker:
+        if args.keep_freed_memory:
+            keep_freed_memory()
         memory_worker(args, device)
         return
     if args.split:
         split_only(args, device)
         return
     started = time.time()
-    machine = measure.describe_machine(device)
+    machine = describe_run(args, device)
     peaks = matmul_peaks(device)
     log(f"machine: {machine}")
     results: Dict = {"machine": machine, "args": {k: v for k, v in vars(args).items() if k != "memory_worker"}}

@@ -22,23 +22,25 @@ def main(argv=None) -> None:
     p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     p.add_argument("--repeats", type=int, default=5, help="timed repeats per configuration (medians)")
     p.add_argument("--src-len", type=int, default=25)
+    p.add_argument("--sizes", default="iwslt,wmt_en_de", help=f"comma-separated, of {sorted(SIZES)}")
+    p.add_argument("--quick", action="store_true", help="16 sentences an update, 2 repeats: to check the script")
     p.add_argument("--out", default=None, help="JSON file (default benchmarks/results/training_<device>.json)")
+    run.add_malloc_flag(p)
     args = p.parse_args(argv)
     device = torch.device(args.device)
+    machine = run.describe_run(args, device)
     size = SIZES["iwslt"]
     dictionary = make_dictionary(size.vocab)
-    sample = measure.train_sample(dictionary, 64, args.src_len, device)
+    sample = measure.train_sample(dictionary, 16 if args.quick else 64, args.src_len, device)
     vocab_s = measure.vocabulary_step_seconds(sample, size.out_embed_dim, size.vocab, dictionary.pad(), 11, device)
     print(f"vocabulary step (iwslt, s): {vocab_s}")
     peaks = run.matmul_peaks(device)
-    cfg = argparse.Namespace(quick=False, repeats=args.repeats, src_len=args.src_len)
-    rows = [row for name in ("iwslt", "wmt_en_de") for row in run.training(name, cfg, device, peaks)]
+    cfg = argparse.Namespace(quick=args.quick, repeats=args.repeats, src_len=args.src_len)
+    rows = [row for name in args.sizes.split(",") for row in run.training(name, cfg, device, peaks)]
+    bounds = run.training_bounds(rows, vocab_s, sample["ntokens"], peaks)
     out = Path(args.out) if args.out else run.RESULTS / f"training_{args.device}.json"
-    machine = measure.describe_machine(device)
-    out.write_text(
-        json.dumps({"machine": machine, "peaks": peaks, "vocabulary_step_s": vocab_s, "training": rows}, indent=1)
-        + "\n"
-    )
+    result = {"machine": machine, "peaks": peaks, "vocabulary_step_s": vocab_s, "training": rows, "bounds": bounds}
+    out.write_text(json.dumps(result, indent=1) + "\n")
     run.log(f"wrote {out}")
 
 

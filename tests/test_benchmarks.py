@@ -156,3 +156,39 @@ def test_risk_update_variants_turn_a_shortcut_off_and_back_on():
         with risk_variant(name):
             assert not getattr(sequence_risk, check.__name__)(model)
         assert getattr(sequence_risk, check.__name__) is check
+
+
+def test_apply_gradients_seconds_times_the_clip_and_optimizer_step_after_an_update():
+    from benchmarks.measure import TrainStep, train_sample
+    from benchmarks.pair import Size, build_pair, make_dictionary
+
+    size = Size("convs2s_iwslt_de_en", "[(16, 3)] * 2", "[(16, 3)] * 2", 16, 16, 40)
+    dictionary = make_dictionary(size.vocab)
+    cpu = torch.device("cpu")
+    _, convs2s = build_pair(size, dictionary, dropout=0.0)
+    step = TrainStep(convs2s, train_sample(dictionary, 4, 5, cpu), dictionary.pad())
+    with pytest.raises(RuntimeError, match="run the update first"):
+        step.apply_gradients_seconds(1, cpu)
+    step()
+    before = [p.detach().clone() for p in step.params]
+    assert step.apply_gradients_seconds(2, cpu) > 0
+    assert any(not torch.equal(a, p) for a, p in zip(before, step.params))  # it steps the weights: 3 more times
+
+
+def test_training_bound_charges_every_implementation_the_vocabulary_the_body_at_peak_and_the_optimizer():
+    from benchmarks.pair import SIZES
+    from benchmarks.report import FUSED
+    from benchmarks.run import training_bounds
+
+    ntokens, peak = 1664, 200.0
+    size = SIZES["iwslt"]
+    vocab_gflop = 6 * ntokens * size.out_embed_dim * size.vocab / 1e9
+    updates = {"fconv": 0.54, "convs2s": 0.49, FUSED: 0.47}
+    row = {"size": "iwslt", "dtype": "fp32"}
+    row.update({name: {"seconds_per_update": s, "apply_gradients_s": 0.02} for name, s in updates.items()})
+    row["convs2s"]["gflop_per_update"] = vocab_gflop + 33.0  # 33 GFLOP of body: 0.165 s at the peak
+    other_rows = [{"size": "iwslt", "dtype": "bf16"}, {"size": "wmt_en_de", "dtype": "fp32"}]
+    (bound,) = training_bounds([row] + other_rows, {"stock": 0.24, "fused": 0.2}, ntokens, {"fp32": peak})
+    assert bound["body_at_peak_s"] == pytest.approx(0.165)
+    assert bound["bound"] == pytest.approx(0.54 / (0.24 + 0.165 + 0.02))
+    assert bound["bound_fused"] == pytest.approx(0.54 / (0.2 + 0.165 + 0.02))
