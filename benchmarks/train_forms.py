@@ -9,6 +9,8 @@ and with, in turn:
 - ``onednn-convs``: the convolutions as the k shifted copies of the input side by side (im2col) and one such
   product, instead of ``conv_tbc``'s MKL product per tap (not taken: it keeps k copies of each input for the
   backward);
+- ``conv1d``: the convolutions up to 512 input channels (kernel above 1) by ``F.conv1d`` (oneDNN's direct
+  convolution, on batch x channel x time views), instead of ``conv_tbc`` (not taken: slower in the model);
 - ``fairseq-loss``: fairseq's ``label_smoothed_cross_entropy`` loss through the log-softmax, instead of the
   plugin's ``fused_label_smoothed_cross_entropy`` (the unchanged update uses the fused loss);
 - ``torch-dropout``: ``F.dropout`` (a float Bernoulli mask, what fconv runs) instead of the model's CPU
@@ -82,6 +84,19 @@ def onednn_convs(step):
         yield
 
 
+def _conv1d(self, x, padding=0):
+    if self.in_channels > 512 or self.kernel_size == 1:
+        return torch.conv_tbc(x.contiguous(), self.weight, self.bias, padding)
+    weight = self.weight.permute(2, 1, 0)  # k x in x out -> out x in x k
+    return F.conv1d(x.permute(1, 2, 0), weight, self.bias, padding=padding).permute(2, 0, 1)  # T' x B x out
+
+
+@contextlib.contextmanager
+def conv1d(step):
+    with _patched(weight_norm.WeightNormConvTBC, "forward", _conv1d):
+        yield
+
+
 def _fairseq_loss(logits, target, epsilon, ignore_index):
     lprobs = torch.log_softmax(logits.float(), dim=-1)  # what the model's get_normalized_probs returns
     return label_smoothed_nll_loss(lprobs, target.unsqueeze(1), epsilon, ignore_index=ignore_index)
@@ -111,6 +126,7 @@ VARIANTS = {
     "mkl-linears": mkl_linears,
     "onednn-weight-gradients": onednn_weight_gradients,
     "onednn-convs": onednn_convs,
+    "conv1d": conv1d,
     "fairseq-loss": fairseq_loss,
     "torch-dropout": torch_dropout,
     "torch-compile": torch_compile,
