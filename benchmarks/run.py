@@ -242,7 +242,7 @@ def generation_bounds(size_name: str, batches, args, device, peak_gflops: float)
 
 def split_only(args, device) -> None:
     """``--split``: the generation split of the cells asked for, on their own."""
-    results = {"machine": measure.describe_machine(device), "args": {"src_len": args.src_len, "split": args.split}}
+    results = {"machine": describe_run(args, device), "args": {"src_len": args.src_len, "split": args.split}}
     peak = matmul_peaks(device)["fp32"]
     results["machine"]["matmul_gflops_fp32"] = peak
     results["generation"] = [
