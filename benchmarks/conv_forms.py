@@ -1,10 +1,13 @@
-"""Which form of the training convolution is cheapest: ``conv_tbc`` against ``conv1d`` and an im2col product.
+"""Which form of the training convolution is cheapest: ``conv_tbc`` against ``conv1d`` and im2col products.
 
 ``python -m benchmarks.conv_forms [--threads N]`` times forward plus backward of one block's convolution (kernel
-3, 64 sentences of 26 steps, padded to keep the length) at the block widths of the presets, in three forms:
-- ``conv_tbc``: what convs2s and fconv train with, one product per kernel tap accumulated into the output;
+3, 64 sentences of 26 steps, padded to keep the length) at the block widths of the presets, in four forms:
+- ``conv_tbc``: what fconv trains with (and convs2s off the CPU), one product per kernel tap accumulated into
+  the output;
 - ``conv1d``: torch's batch x channel x time convolution (oneDNN on a CPU), on inputs already in its layout;
-- ``im2col``: the k shifted copies of the input side by side, one (T*B) x (k*in) by (k*in) x out product.
+- ``im2col``: the k shifted copies of the input side by side, one (T*B) x (k*in) by (k*in) x out product;
+- ``im2col-onednn``: what the model trains with on a CPU (``_Im2colConvTBC``): that product, forward and input
+  gradient, through oneDNN, the weight gradient per tap on MKL, only the input kept for the backward.
 Each is reported in GFLOP/s against a 2048^3 matmul measured in the same run (medians of the repeats).
 """
 
@@ -14,6 +17,8 @@ from typing import Callable, Dict
 
 import torch
 import torch.nn.functional as F
+
+from fairseq_convs2s.modules.weight_norm import _Im2colConvTBC
 
 from . import measure
 
@@ -46,7 +51,10 @@ def _forms(c_in: int, c_out: int) -> Dict[str, Callable[[], None]]:
         out = torch.addmm(bias, columns.view(TIME * BATCH, -1), weight_flat)  # (T * B) x out
         out.view(TIME, BATCH, c_out).backward(grad)
 
-    return {"conv_tbc": conv_tbc, "conv1d": conv1d, "im2col": im2col}
+    def im2col_onednn():
+        _Im2colConvTBC.apply(x, weight, bias, pad, pad).backward(grad)
+
+    return {"conv_tbc": conv_tbc, "conv1d": conv1d, "im2col": im2col, "im2col-onednn": im2col_onednn}
 
 
 def main(argv=None) -> None:
@@ -58,8 +66,8 @@ def main(argv=None) -> None:
     started = time.time()
     peak = measure.matmul_peak(torch.float32, torch.device("cpu"))
     print(f"torch threads {torch.get_num_threads()}; 2048^3 matmul {peak:.0f} GFLOP/s fp32")
-    print("| in | out (2 x block width) | conv_tbc | conv1d | im2col |")
-    print("|---|---|---|---|---|")
+    print("| in | out (2 x block width) | conv_tbc | conv1d | im2col | im2col-onednn |")
+    print("|---|---|---|---|---|---|")
     for c_in, c_out in WIDTHS:
         forms = _forms(c_in, c_out)
         # the useful products, conv_tbc's count: conv1d and im2col also multiply the zero padding

@@ -6,11 +6,10 @@ and with, in turn:
 - ``mkl-linears``: the weight-normalized linears (the vocabulary projection among them) by ``F.linear`` on MKL,
   instead of the autograd product whose forward and input gradient run through oneDNN (``training_linear``);
 - ``onednn-weight-gradients``: that product's weight gradient through oneDNN too, instead of MKL;
-- ``onednn-convs``: the convolutions as the k shifted copies of the input side by side (im2col) and one such
-  product, instead of ``conv_tbc``'s MKL product per tap (not taken: it keeps k copies of each input for the
-  backward);
+- ``conv-tbc``: the convolutions by ``conv_tbc`` (an MKL product per kernel tap, what fconv runs), instead of
+  one oneDNN product over the k shifted inputs side by side (``_Im2colConvTBC``);
 - ``conv1d``: the convolutions up to 512 input channels (kernel above 1) by ``F.conv1d`` (oneDNN's direct
-  convolution, on batch x channel x time views), instead of ``conv_tbc`` (not taken: slower in the model);
+  convolution, on batch x channel x time views), the others by ``conv_tbc`` (not taken: slower in the model);
 - ``fairseq-loss``: fairseq's ``label_smoothed_cross_entropy`` loss through the log-softmax, instead of the
   plugin's ``fused_label_smoothed_cross_entropy`` (the unchanged update uses the fused loss);
 - ``torch-dropout``: ``F.dropout`` (a float Bernoulli mask, what fconv runs) instead of the model's CPU
@@ -44,18 +43,6 @@ class _AllOneDNNLinear(weight_norm._OneDNNLinear):
         return grad_x, weight_norm._onednn_linear(grad.t(), x.t(), None), grad.sum(0)
 
 
-def _conv_im2col(self, x, padding=0):
-    if not torch.is_grad_enabled():
-        return torch.conv_tbc(x.contiguous(), self.weight, self.bias, padding)
-    if padding:
-        x = F.pad(x, (0, 0, 0, 0, padding, padding))  # T + 2 * padding x B x in
-    steps = x.size(0) - self.kernel_size + 1
-    columns = torch.cat([x[tap : tap + steps] for tap in range(self.kernel_size)], dim=2)  # steps x B x (k * in)
-    weight = self.weight.reshape(-1, self.out_channels).t()  # out x (k * in), tap-major like the columns
-    out = weight_norm.training_linear(columns.view(-1, columns.size(2)), weight, self.bias)
-    return out.view(steps, x.size(1), self.out_channels)
-
-
 @contextlib.contextmanager
 def _patched(cls, name, fn):
     original = getattr(cls, name)
@@ -79,16 +66,19 @@ def onednn_weight_gradients(step):
 
 
 @contextlib.contextmanager
-def onednn_convs(step):
-    with _patched(weight_norm.WeightNormConvTBC, "forward", _conv_im2col):
+def conv_tbc(step):
+    with _patched(weight_norm, "_im2col_pays", lambda x, weight: False):
         yield
 
 
-def _conv1d(self, x, padding=0):
+def _conv1d(self, x, padding=(0, 0)):
+    left, right = padding
+    if left != right:  # causal: padded by a copy, as the model did before the im2col product
+        x, left = F.pad(x, (0, 0, 0, 0, left, right)), 0
     if self.in_channels > 512 or self.kernel_size == 1:
-        return torch.conv_tbc(x.contiguous(), self.weight, self.bias, padding)
+        return torch.conv_tbc(x.contiguous(), self.weight, self.bias, left)
     weight = self.weight.permute(2, 1, 0)  # k x in x out -> out x in x k
-    return F.conv1d(x.permute(1, 2, 0), weight, self.bias, padding=padding).permute(2, 0, 1)  # T' x B x out
+    return F.conv1d(x.permute(1, 2, 0), weight, self.bias, padding=left).permute(2, 0, 1)  # T' x B x out
 
 
 @contextlib.contextmanager
@@ -125,7 +115,7 @@ def torch_compile(step):
 VARIANTS = {
     "mkl-linears": mkl_linears,
     "onednn-weight-gradients": onednn_weight_gradients,
-    "onednn-convs": onednn_convs,
+    "conv-tbc": conv_tbc,
     "conv1d": conv1d,
     "fairseq-loss": fairseq_loss,
     "torch-dropout": torch_dropout,

@@ -49,13 +49,8 @@ class ConvBlock(nn.Module):
     def glu_conv(self, x: Tensor) -> Tensor:
         """x: B x T x in -> B x T x out: dropout, padded convolution, GLU (full sequence)."""
         x = self.dropout_module(x)
-        x = x.transpose(0, 1)  # B x T x C -> T x B x C, conv_tbc's layout
-        left, right = self.padding
-        if left == right:
-            x = self.conv(x, padding=left)  # T x B x 2*out; conv_tbc pads without a copy
-        else:
-            x = self.conv(F.pad(x, (0, 0, 0, 0, left, right)))  # pad the time dim: causal, or an even kernel
-        return F.glu(x, dim=2).transpose(0, 1)  # T x B x out -> B x T x out
+        x = self.conv(x.transpose(0, 1), padding=self.padding)  # B x T x C -> T x B x C, conv_tbc's layout
+        return F.glu(x, dim=2).transpose(0, 1)  # T x B x 2*out -> T x B x out -> B x T x out
 
     def glu_conv_step(
         self, x: Tensor, window: Optional[Tensor], product: Optional[Callable[[Tensor], Tensor]] = None

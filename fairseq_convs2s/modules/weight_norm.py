@@ -21,7 +21,7 @@ vocabulary projection above all) run through oneDNN too (:func:`training_linear`
 """
 
 import math
-from typing import Callable, Dict, Optional, Tuple
+from typing import Callable, Dict, List, Optional, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -172,14 +172,21 @@ class WeightNormConvTBC(_WeightNorm):
         self._init_weight_norm(torch.randn(kernel_size, in_channels, out_channels) * std)
         self.bias = nn.Parameter(torch.zeros(out_channels))
 
-    def forward(self, x: Tensor, padding: int = 0) -> Tensor:
-        # x: T x B x in -> T + 2 * padding - k + 1 x B x out; conv_tbc pads both sides without copying the input
+    def forward(self, x: Tensor, padding: Tuple[int, int] = (0, 0)) -> Tensor:
+        """x: T x B x in, zero-padded by (left, right) steps -> T + left + right - k + 1 x B x out."""
+        left, right = padding
         if is_compiling():
             # the same sums as conv1d over B x in x T: inductor's lowering of conv_tbc fails on a time-major
             # view of a batch-major tensor (torch 2.13, the wmt_en_de preset), a convolution it lowers natively
-            y = F.conv1d(x.permute(1, 2, 0), self.weight.permute(2, 1, 0), self.bias, padding=padding)
-            return y.permute(2, 0, 1)  # B x out x T' -> T' x B x out
-        return torch.conv_tbc(x.contiguous(), self.weight, self.bias, padding)
+            x = F.pad(x.permute(1, 2, 0), (left, right))  # B x in x T+left+right
+            return F.conv1d(x, self.weight.permute(2, 1, 0), self.bias).permute(2, 0, 1)  # T' x B x out
+        weight = self.weight
+        if torch.is_grad_enabled() and _im2col_pays(x, weight):
+            return _Im2colConvTBC.apply(x.contiguous(), weight, self.bias, left, right)
+        if left != right:
+            x = F.pad(x, (0, 0, 0, 0, left, right))  # causal (or an even kernel): pad the time dim
+            left = 0
+        return torch.conv_tbc(x.contiguous(), weight, self.bias, left)  # conv_tbc pads both sides without a copy
 
     def linearized_weight(self) -> Tensor:
         """The kernel as one matrix, out x (k * in), for applying the conv to a cached window of k inputs."""
@@ -215,11 +222,13 @@ def _use_onednn(x: Tensor, out_features: int) -> bool:
     return _onednn_pays(x, x.size(1) * out_features)
 
 
-def _onednn_pays(x: Tensor, weight_size: int) -> bool:
-    """x: N x in, times a weight of ``weight_size`` (in x out) entries: :func:`_use_onednn`'s choice."""
+def _onednn_pays(x: Tensor, weight_size: int, rows: Optional[int] = None) -> bool:
+    """x: N x in (or ``rows`` rows of it), times a weight of ``weight_size`` (in x out) entries:
+    :func:`_use_onednn`'s choice."""
     if _onednn_linear_op is None and is_compiling():
         return False
-    large = weight_size >= ONEDNN_MIN_WEIGHT and x.size(0) * weight_size >= ONEDNN_MIN_MACS
+    rows = x.size(0) if rows is None else rows
+    large = weight_size >= ONEDNN_MIN_WEIGHT and rows * weight_size >= ONEDNN_MIN_MACS
     return large and x.device.type == "cpu" and x.dtype in _onednn_dtypes
 
 
@@ -330,6 +339,74 @@ class _OneDNNLinear(torch.autograd.Function):
         grad_weight = grad.t().mm(x) if ctx.needs_input_grad[1] else None  # out x in
         grad_bias = grad.sum(0) if ctx.needs_input_grad[2] else None
         return grad_x, grad_weight, grad_bias
+
+
+class _Im2colConvTBC(torch.autograd.Function):
+    """conv_tbc's convolution, forward and input gradient as one oneDNN product each over the k shifted inputs
+    side by side (im2col), the weight gradient per tap on MKL as conv_tbc computes it.
+
+    Porting note (fconv): conv_tbc runs k products of (T*B) x in by in x out on MKL, accumulating into the
+    output; on this CPU one (T*B) x (k*in) product through oneDNN runs 1.1-1.6x faster for the presets' block
+    widths (``python -m benchmarks.train_forms``). Only the input is kept for the backward, not the k times
+    larger columns, which are rebuilt for the input gradient's fold. The sums are the same, in another order.
+    """
+
+    @staticmethod
+    def forward(ctx, x: Tensor, weight: Tensor, bias: Tensor, left: int, right: int) -> Tensor:
+        # x: T x B x in, weight: k x in x out -> T' x B x out, T' = T + left + right - k + 1
+        k, c_in, c_out = weight.shape
+        steps = x.size(0) + left + right - k + 1
+        columns = _im2col(x, k, left, steps)  # T' x B x k x in
+        flat_weight = weight.reshape(k * c_in, c_out).t()  # out x (k * in), tap-major like the columns
+        y = _onednn_linear(columns.view(-1, k * c_in), flat_weight, bias)  # T'*B x out
+        ctx.save_for_backward(x, weight)
+        ctx.padding = (left, right)
+        return y.view(steps, x.size(1), c_out)
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):  # grad: T' x B x out
+        x, weight = ctx.saved_tensors
+        left, _ = ctx.padding
+        k, c_in, c_out = weight.shape
+        steps, batch = grad.shape[:2]
+        grad = grad.contiguous()
+        g = grad.view(-1, c_out)  # T'*B x out
+        grad_x = grad_weight = grad_bias = None
+        if ctx.needs_input_grad[0]:
+            grad_columns = _onednn_linear(g, weight.reshape(k * c_in, c_out), None)  # T'*B x (k * in)
+            grad_columns = grad_columns.view(steps, batch, k, c_in)
+            grad_x = torch.zeros_like(x)  # T x B x in: each input step sums the taps that read it
+            for tap, lo, hi in _tap_ranges(x.size(0), k, left, steps):
+                grad_x[lo + tap - left : hi + tap - left] += grad_columns[lo:hi, :, tap]
+        if ctx.needs_input_grad[1]:
+            grad_weight = torch.zeros_like(weight)  # k x in x out
+            for tap, lo, hi in _tap_ranges(x.size(0), k, left, steps):
+                rows = x[lo + tap - left : hi + tap - left].view(-1, c_in)  # the inputs tap reads: n x in
+                grad_weight[tap].addmm_(rows.t(), grad[lo:hi].view(-1, c_out))  # in x out
+        if ctx.needs_input_grad[2]:
+            grad_bias = g.sum(0)
+        return grad_x, grad_weight, grad_bias, None, None
+
+
+def _im2col_pays(x: Tensor, weight: Tensor) -> bool:
+    """x: T x B x in, weight: k x in x out. The training convolution as one oneDNN product where its linear
+    would go through oneDNN (a CPU, fp32 or bf16, a large enough product)."""
+    return _onednn_pays(x, weight.numel(), rows=x.size(0) * x.size(1))
+
+
+def _tap_ranges(length: int, k: int, left: int, steps: int) -> List[Tuple[int, int, int]]:
+    """(tap, lo, hi): the output steps [lo, hi) whose input step for that tap (output + tap - left) is not
+    padding; taps that read only padding (an input shorter than the kernel) are left out."""
+    ranges = [(tap, max(0, left - tap), min(steps, length + left - tap)) for tap in range(k)]
+    return [(tap, lo, hi) for tap, lo, hi in ranges if lo < hi]
+
+
+def _im2col(x: Tensor, k: int, left: int, steps: int) -> Tensor:
+    """x: T x B x in -> T' x B x k x in: output step t's k inputs t - left .. t - left + k - 1, zero outside."""
+    columns = x.new_zeros(steps, x.size(1), k, x.size(2))
+    for tap, lo, hi in _tap_ranges(x.size(0), k, left, steps):
+        columns[lo:hi, :, tap] = x[lo + tap - left : hi + tap - left]
+    return columns
 
 
 def training_linear(x: Tensor, weight: Tensor, bias: Tensor) -> Tensor:
