@@ -17,7 +17,8 @@ its norm (so the state dict still describes ``w``), and no second copy of the we
 At inference the folded weights are multiplied through oneDNN with the weight packed once per pass into its
 blocked layout (:func:`inference_linear`); MKL's GEMM, what ``F.linear`` calls on the CPU, re-packs the weight
 on every call, which dominates the few rows of a beam-search step. In training the large linears (the
-vocabulary projection above all) run through oneDNN too (:func:`training_linear`).
+vocabulary projection above all) run through oneDNN too (:func:`training_linear`), and so do the convolutions,
+each as one product over its shifted inputs (:class:`_Im2colConvTBC`).
 """
 
 import math
@@ -157,8 +158,10 @@ class WeightNormLinear(_WeightNorm):
 class WeightNormConvTBC(_WeightNorm):
     """A 1-D convolution over time-batch-channel input with a weight-normalized kernel.
 
-    The kernel is stored as ``k x in x out`` (fconv's ConvTBC layout) and normalized per output channel. It
-    produces no padding of its own: the encoder pads both sides, the decoder pads ``k - 1`` on the left.
+    The kernel is stored as ``k x in x out`` (fconv's ConvTBC layout) and normalized per output channel. The
+    input is zero-padded by the ``(left, right)`` steps the caller asks for: the encoder's both sides, the
+    decoder's ``k - 1`` on the left. In training on a CPU the convolution is one oneDNN product over the
+    shifted inputs (:class:`_Im2colConvTBC`), elsewhere ``conv_tbc``.
     """
 
     norm_dims = (0, 1)
@@ -346,9 +349,11 @@ class _Im2colConvTBC(torch.autograd.Function):
     side by side (im2col), the weight gradient per tap on MKL as conv_tbc computes it.
 
     Porting note (fconv): conv_tbc runs k products of (T*B) x in by in x out on MKL, accumulating into the
-    output; on this CPU one (T*B) x (k*in) product through oneDNN runs 1.1-1.6x faster for the presets' block
-    widths (``python -m benchmarks.train_forms``). Only the input is kept for the backward, not the k times
-    larger columns, which are rebuilt for the input gradient's fold. The sums are the same, in another order.
+    output. One (T*B) x (k*in) product through oneDNN made a block's convolution, forward and backward,
+    1.03-1.10x faster at the presets' widths (``python -m benchmarks.conv_forms``) and a training update
+    1.08x (iwslt size) and 1.11x (wmt_en_de size) faster (``python -m benchmarks.train_forms --variants
+    conv-tbc``). Only the input is kept for the backward, not the k times larger columns: the weight gradient
+    is taken per tap from it, as conv_tbc takes it. The sums are the same, in another order.
     """
 
     @staticmethod
@@ -360,13 +365,13 @@ class _Im2colConvTBC(torch.autograd.Function):
         flat_weight = weight.reshape(k * c_in, c_out).t()  # out x (k * in), tap-major like the columns
         y = _onednn_linear(columns.view(-1, k * c_in), flat_weight, bias)  # T'*B x out
         ctx.save_for_backward(x, weight)
-        ctx.padding = (left, right)
+        ctx.left = left
         return y.view(steps, x.size(1), c_out)
 
     @staticmethod
     def backward(ctx, grad: Tensor):  # grad: T' x B x out
         x, weight = ctx.saved_tensors
-        left, _ = ctx.padding
+        left = ctx.left
         k, c_in, c_out = weight.shape
         steps, batch = grad.shape[:2]
         grad = grad.contiguous()
