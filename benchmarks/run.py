@@ -177,14 +177,18 @@ def limits(args, device, training_rows: List[Dict], peaks: Dict[str, float]) -> 
     and the gradient clipping and optimizer step (measured); fconv's update time over that is the bound.
     """
     generation_rows = generation_bounds("iwslt", (1, 16, 128), args, device, peaks["fp32"])
-    out: Dict[str, List[Dict]] = {"generation": generation_rows, "training": []}
+    _, training = training_limits(args, device, training_rows, peaks)
+    return {"generation": generation_rows, "training": training}
+
+
+def training_limits(args, device, training_rows: List[Dict], peaks) -> Tuple[Dict[str, float], List[Dict]]:
+    """The vocabulary step measured alone on the iwslt size's batch (``args.quick``: 16 sentences, else 64), and
+    the bounds it puts on the training rows (:func:`training_bounds`)."""
     size = SIZES["iwslt"]
     dictionary = make_dictionary(size.vocab)
-    sentences = 16 if args.quick else 64
-    sample = measure.train_sample(dictionary, sentences, args.src_len, device)
+    sample = measure.train_sample(dictionary, 16 if args.quick else 64, args.src_len, device)
     vocab_s = measure.vocabulary_step_seconds(sample, size.out_embed_dim, size.vocab, dictionary.pad(), 11, device)
-    out["training"] = training_bounds(training_rows, vocab_s, sample["ntokens"], peaks)
-    return out
+    return vocab_s, training_bounds(training_rows, vocab_s, sample["ntokens"], peaks)
 
 
 def training_bounds(training_rows: List[Dict], vocab_s: Dict[str, float], ntokens: int, peaks) -> List[Dict]:

@@ -201,6 +201,17 @@ def test_the_transposed_product_weight_is_a_view_off_the_cpu():
 needs_onednn = pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="this torch has no oneDNN")
 
 
+@pytest.fixture
+def im2col_calls(monkeypatch):
+    """A list that grows by one at every call of the im2col convolution (which still runs)."""
+    from fairseq_convs2s.modules import weight_norm
+
+    calls = []
+    real = weight_norm._Im2colConvTBC.apply
+    monkeypatch.setattr(weight_norm._Im2colConvTBC, "apply", lambda *args: calls.append(1) or real(*args))
+    return calls
+
+
 @needs_onednn
 @pytest.mark.parametrize(
     "steps, kernel, left, right",
@@ -226,14 +237,10 @@ def test_im2col_convolution_equals_conv_tbc_with_gradients(steps, kernel, left, 
 
 
 @needs_onednn
-def test_training_convolution_takes_the_im2col_product_where_onednn_pays(monkeypatch):
+def test_training_convolution_takes_the_im2col_product_where_onednn_pays(im2col_calls):
     """In training a wide enough convolution runs as the im2col product (the same values as conv_tbc); with
     gradients off, or under the size thresholds, conv_tbc."""
-    from fairseq_convs2s.modules import weight_norm
-
-    calls = []
-    real = weight_norm._Im2colConvTBC.apply
-    monkeypatch.setattr(weight_norm._Im2colConvTBC, "apply", lambda *args: calls.append(1) or real(*args))
+    calls = im2col_calls
     conv = WeightNormConvTBC(256, 512, 3, std=0.05)
     x = torch.randn(26, 8, 256)  # 208 rows x 3 * 256 x 512 multiply-adds: over both thresholds
     out = conv(x, padding=(2, 0))
@@ -247,7 +254,7 @@ def test_training_convolution_takes_the_im2col_product_where_onednn_pays(monkeyp
 
 
 @needs_onednn
-def test_a_training_update_through_the_im2col_convolution_equals_conv_tbcs(monkeypatch):
+def test_a_training_update_through_the_im2col_convolution_equals_conv_tbcs(monkeypatch, im2col_calls):
     """A tiny model with the oneDNN thresholds lowered trains through the im2col convolutions (encoder and causal
     decoder blocks): the same loss and parameter gradients as through conv_tbc."""
     from utils import build_model, make_dictionary, random_batch
@@ -270,11 +277,8 @@ def test_a_training_update_through_the_im2col_convolution_equals_conv_tbcs(monke
     expected_loss, expected = loss_and_grads(model)
     monkeypatch.setattr(weight_norm, "ONEDNN_MIN_WEIGHT", 0)
     monkeypatch.setattr(weight_norm, "ONEDNN_MIN_MACS", 0)
-    calls = []
-    real = weight_norm._Im2colConvTBC.apply
-    monkeypatch.setattr(weight_norm._Im2colConvTBC, "apply", lambda *args: calls.append(1) or real(*args))
     loss, grads = loss_and_grads(model)
-    assert len(calls) == len(model.encoder.blocks) + len(model.decoder.blocks)
+    assert len(im2col_calls) == len(model.encoder.blocks) + len(model.decoder.blocks)
     torch.testing.assert_close(loss, expected_loss)
     assert grads.keys() == expected.keys()
     for name in expected:

@@ -377,17 +377,17 @@ class _Im2colConvTBC(torch.autograd.Function):
         grad = grad.contiguous()
         g = grad.view(-1, c_out)  # T'*B x out
         grad_x = grad_weight = grad_bias = None
+        taps = _tap_slices(x.size(0), k, left, steps)
         if ctx.needs_input_grad[0]:
             grad_columns = _onednn_linear(g, weight.reshape(k * c_in, c_out), None)  # T'*B x (k * in)
             grad_columns = grad_columns.view(steps, batch, k, c_in)
             grad_x = torch.zeros_like(x)  # T x B x in: each input step sums the taps that read it
-            for tap, lo, hi in _tap_ranges(x.size(0), k, left, steps):
-                grad_x[lo + tap - left : hi + tap - left] += grad_columns[lo:hi, :, tap]
+            for tap, outputs, inputs in taps:
+                grad_x[inputs] += grad_columns[outputs, :, tap]
         if ctx.needs_input_grad[1]:
             grad_weight = torch.zeros_like(weight)  # k x in x out
-            for tap, lo, hi in _tap_ranges(x.size(0), k, left, steps):
-                rows = x[lo + tap - left : hi + tap - left].view(-1, c_in)  # the inputs tap reads: n x in
-                grad_weight[tap].addmm_(rows.t(), grad[lo:hi].view(-1, c_out))  # in x out
+            for tap, outputs, inputs in taps:  # the inputs a tap reads against the outputs it feeds: in x out
+                grad_weight[tap].addmm_(x[inputs].view(-1, c_in).t(), grad[outputs].view(-1, c_out))
         if ctx.needs_input_grad[2]:
             grad_bias = g.sum(0)
         return grad_x, grad_weight, grad_bias, None, None
@@ -399,18 +399,22 @@ def _im2col_pays(x: Tensor, weight: Tensor) -> bool:
     return _onednn_pays(x, weight.numel(), rows=x.size(0) * x.size(1))
 
 
-def _tap_ranges(length: int, k: int, left: int, steps: int) -> List[Tuple[int, int, int]]:
-    """(tap, lo, hi): the output steps [lo, hi) whose input step for that tap (output + tap - left) is not
-    padding; taps that read only padding (an input shorter than the kernel) are left out."""
-    ranges = [(tap, max(0, left - tap), min(steps, length + left - tap)) for tap in range(k)]
-    return [(tap, lo, hi) for tap, lo, hi in ranges if lo < hi]
+def _tap_slices(length: int, k: int, left: int, steps: int) -> List[Tuple[int, slice, slice]]:
+    """(tap, outputs, inputs): the output steps whose input for that tap (output + tap - left) is not padding,
+    and those input steps; taps that read only padding (an input shorter than the kernel) are left out."""
+    slices = []
+    for tap in range(k):
+        lo, hi = max(0, left - tap), min(steps, length + left - tap)  # output steps [lo, hi)
+        if lo < hi:
+            slices.append((tap, slice(lo, hi), slice(lo + tap - left, hi + tap - left)))
+    return slices
 
 
 def _im2col(x: Tensor, k: int, left: int, steps: int) -> Tensor:
     """x: T x B x in -> T' x B x k x in: output step t's k inputs t - left .. t - left + k - 1, zero outside."""
     columns = x.new_zeros(steps, x.size(1), k, x.size(2))
-    for tap, lo, hi in _tap_ranges(x.size(0), k, left, steps):
-        columns[lo:hi, :, tap] = x[lo + tap - left : hi + tap - left]
+    for tap, outputs, inputs in _tap_slices(x.size(0), k, left, steps):
+        columns[outputs, :, tap] = x[inputs]
     return columns
 
 
