@@ -1,6 +1,7 @@
 """What the harness measures: generation and training speed, FLOPs, peak memory, the machine's matmul peak."""
 
 import copy
+import functools
 import math
 import os
 import platform
@@ -8,6 +9,7 @@ import statistics
 import subprocess
 import threading
 import time
+from types import SimpleNamespace
 from typing import Callable, Dict, List, Optional, Tuple
 
 import torch
@@ -17,7 +19,13 @@ from fairseq.sequence_generator import SequenceGenerator
 from torch.nn.utils.weight_norm import WeightNorm
 from torch.utils.flop_counter import FlopCounterMode
 
-from fairseq_convs2s.criterions.fused_label_smoothed import label_smoothed_nll_loss_from_logits
+from fairseq_convs2s.criterions.fused_label_smoothed import (
+    FusedLabelSmoothedCrossEntropyCriterion,
+    ProjectedLossTargets,
+    label_smoothed_nll_loss_from_logits,
+    projected_label_smoothed_loss,
+)
+from fairseq_convs2s.modules.weight_norm import training_linear
 
 from .pair import collate, random_sentences
 
@@ -133,13 +141,16 @@ class TrainStep:
     """One fairseq-style update: forward, label-smoothed NLL (0.1), backward, clip 0.1, NAG (0.99).
 
     With ``dtype=torch.bfloat16`` the model computes in bf16 and the optimizer updates fp32 master weights,
-    as fairseq's ``--bf16`` does. ``fused_loss``: the loss of ``--criterion fused_label_smoothed_cross_entropy``
-    (from the logits in one pass) instead of ``label_smoothed_cross_entropy``'s (through the log-softmax).
+    as fairseq's ``--bf16`` does. ``fused_loss``: the loss by ``--criterion fused_label_smoothed_cross_entropy``
+    itself (for convs2s on a CPU in fp32: projection and loss a chunk of rows at a time; for fconv: from the
+    logits in one pass) instead of ``label_smoothed_cross_entropy``'s (through the log-softmax).
     """
 
     def __init__(self, model, sample, pad: int, dtype: torch.dtype = torch.float32, fused_loss: bool = False):
         self.model, self.sample, self.pad = model.train(), sample, pad
         self.fused_loss = fused_loss
+        task = SimpleNamespace(target_dictionary=SimpleNamespace(pad=lambda: pad))
+        self.criterion = FusedLabelSmoothedCrossEntropyCriterion(task, sentence_avg=False, label_smoothing=0.1)
         self.params = [p for p in model.parameters() if p.requires_grad]
         if dtype != torch.float32:
             model.to(dtype)
@@ -151,12 +162,11 @@ class TrainStep:
         self.losses: List[float] = []
 
     def forward_backward(self):
-        net_output = self.model(**self.sample["net_input"])
-        target = self.sample["target"].view(-1)
         if self.fused_loss:
-            logits = net_output[0]  # B x T x V
-            loss, _ = label_smoothed_nll_loss_from_logits(logits.view(-1, logits.size(-1)), target, 0.1, self.pad)
+            loss = self.criterion(self.model, self.sample)[0]
         else:
+            net_output = self.model(**self.sample["net_input"])
+            target = self.sample["target"].view(-1)
             lprobs = self.model.get_normalized_probs(net_output, log_probs=True)  # B x T x V, fp32
             loss, _ = label_smoothed_nll_loss(
                 lprobs.view(-1, lprobs.size(-1)), target.unsqueeze(1), 0.1, ignore_index=self.pad
@@ -403,21 +413,30 @@ def generation_split(model, run: Callable[[], object], device) -> Dict[str, floa
 
 def vocabulary_step_seconds(sample, out_embed_dim: int, vocab: int, pad: int, repeats: int, device) -> Dict:
     """Median seconds of the part of a training update that does not depend on the model body: dropout, the
-    vocabulary projection, the label-smoothed loss (through the log-softmax, ``stock``, or fused from the
-    logits, ``fused``), forward and backward, on features of the decoder output's shape. Any implementation of
-    the body pays it; it bounds the training speed-up."""
+    vocabulary projection, the label-smoothed loss, forward and backward, on features of the decoder output's
+    shape: through the log-softmax (``stock``), fused from the logits (``fused``), and, on a CPU in fp32,
+    projection and loss a chunk of rows at a time (``projected``, what the fused criterion runs there). The
+    logits' product is the model's (``training_linear``: oneDNN on a CPU). Any implementation of the body pays
+    this part; it bounds the training speed-up."""
     target = sample["target"].view(-1)
     features = torch.randn(target.numel(), out_embed_dim, device=device, requires_grad=True)  # B*T x out_embed
     projection = torch.nn.Linear(out_embed_dim, vocab).to(device)
 
-    def step(fused: bool):
-        logits = projection(torch.nn.functional.dropout(features, 0.2, training=True))  # B*T x V
-        if fused:
-            loss, _ = label_smoothed_nll_loss_from_logits(logits, target, 0.1, pad)
+    def step(loss_form: str):
+        x = torch.nn.functional.dropout(features, 0.2, training=True)
+        if loss_form == "projected":
+            targets = ProjectedLossTargets(target, 0.1, pad)
+            loss = projected_label_smoothed_loss(x, projection.weight, projection.bias, targets).loss
+        elif loss_form == "fused":
+            loss, _ = label_smoothed_nll_loss_from_logits(
+                training_linear(x, projection.weight, projection.bias), target, 0.1, pad
+            )
         else:
+            logits = training_linear(x, projection.weight, projection.bias)  # B*T x V
             lprobs = torch.log_softmax(logits.float(), dim=-1)
             loss, _ = label_smoothed_nll_loss(lprobs, target.unsqueeze(1), 0.1, ignore_index=pad)
         loss.backward()
 
-    times = alternate({"stock": lambda: step(False), "fused": lambda: step(True)}, repeats, warmup=1, device=device)
+    forms = ["stock", "fused"] + (["projected"] if device.type == "cpu" else [])
+    times = alternate({form: functools.partial(step, form) for form in forms}, repeats, warmup=1, device=device)
     return {name: median(ts) for name, ts in times.items()}

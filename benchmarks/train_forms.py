@@ -11,7 +11,9 @@ and with, in turn:
 - ``conv1d``: the convolutions up to 512 input channels (kernel above 1) by ``F.conv1d`` (oneDNN's direct
   convolution, on batch x channel x time views), the others by ``conv_tbc`` (not taken: slower in the model);
 - ``fairseq-loss``: fairseq's ``label_smoothed_cross_entropy`` loss through the log-softmax, instead of the
-  plugin's ``fused_label_smoothed_cross_entropy`` (the unchanged update uses the fused loss);
+  plugin's ``fused_label_smoothed_cross_entropy`` (the unchanged update uses the fused criterion);
+- ``logits-loss``: the fused criterion's loss from the N x V logits the projection writes (in one pass), instead
+  of projection and loss a chunk of rows at a time, without the logits (``projected_label_smoothed_loss``);
 - ``torch-dropout``: ``F.dropout`` (a float Bernoulli mask, what fconv runs) instead of the model's CPU
   dropout (a mask from 32 random bits an element, kept as bools; ``fairseq_convs2s.modules.dropout``);
 - ``torch-compile``: the model's forward (and so its backward) compiled by ``torch.compile`` (inductor; the
@@ -26,9 +28,9 @@ import time
 
 import torch
 import torch.nn.functional as F
-from fairseq.criterions.label_smoothed_cross_entropy import label_smoothed_nll_loss
 from fairseq.modules import FairseqDropout
 
+from fairseq_convs2s.models import decoder
 from fairseq_convs2s.modules import dropout, weight_norm
 
 from . import measure
@@ -87,14 +89,15 @@ def conv1d(step):
         yield
 
 
-def _fairseq_loss(logits, target, epsilon, ignore_index):
-    lprobs = torch.log_softmax(logits.float(), dim=-1)  # what the model's get_normalized_probs returns
-    return label_smoothed_nll_loss(lprobs, target.unsqueeze(1), epsilon, ignore_index=ignore_index)
+@contextlib.contextmanager
+def fairseq_loss(step):
+    with _patched(step, "fused_loss", False):  # through the model's get_normalized_probs and fairseq's loss
+        yield
 
 
 @contextlib.contextmanager
-def fairseq_loss(step):
-    with _patched(measure, "label_smoothed_nll_loss_from_logits", _fairseq_loss):
+def logits_loss(step):
+    with _patched(decoder, "projects_in_chunks", lambda x: False):
         yield
 
 
@@ -118,6 +121,7 @@ VARIANTS = {
     "conv-tbc": conv_tbc,
     "conv1d": conv1d,
     "fairseq-loss": fairseq_loss,
+    "logits-loss": logits_loss,
     "torch-dropout": torch_dropout,
     "torch-compile": torch_compile,
 }

@@ -16,9 +16,13 @@ from utils import build_model, make_dictionary, random_batch, seed_all
 from fairseq_convs2s.criterions import fused_label_smoothed
 from fairseq_convs2s.criterions.fused_label_smoothed import (
     FusedLabelSmoothedCrossEntropyCriterion,
+    ProjectedLossTargets,
     label_smoothed_nll_loss_from_logits,
+    loss_of_logits,
     normalizes_by_log_softmax,
+    projected_label_smoothed_loss,
 )
+from fairseq_convs2s.models import decoder as decoder_module
 
 PAD = 1
 
@@ -91,6 +95,59 @@ def test_fp64_logits_are_computed_in_fp64():
     torch.testing.assert_close(logits.grad, x.grad, rtol=1e-12, atol=1e-14)
 
 
+@pytest.mark.parametrize("chunk_rows", [4, 256])  # ten chunks (the last one short), and all rows in one
+@pytest.mark.parametrize("onednn", [False, True])
+@pytest.mark.parametrize("bias", [True, False])
+def test_projected_loss_equals_the_loss_of_the_logits(chunk_rows, onednn, bias, monkeypatch):
+    """Projection and loss a chunk of rows at a time: the loss, NLL and argmax hits of the logits x W^T + b, and
+    the gradients of x, W and b that backpropagating through the logits gives, scaled by the loss's gradient."""
+    monkeypatch.setattr(fused_label_smoothed, "PROJECTED_CHUNK_ROWS", chunk_rows)
+    monkeypatch.setattr(fused_label_smoothed, "_onednn_pays", lambda x, weight_size: onednn)
+    torch.manual_seed(3)
+    n, d, vocab = 37, 16, 50
+    inputs = [torch.randn(n, d), torch.randn(vocab, d) * 0.5, torch.randn(vocab) if bias else None]
+    target = torch.randint(2, vocab, (n,))
+    argmax = torch.nn.functional.linear(*inputs).argmax(1)
+    target[10:20] = argmax[10:20].clamp(min=2)  # some rows whose argmax is the target (unless it is a special)
+    target[[0, 5, 36]] = PAD
+    targets = ProjectedLossTargets(target, 0.1, PAD, count_correct=True)
+    results = []
+    for projected in (False, True):
+        x, weight, b = (t.clone().requires_grad_() if t is not None else None for t in inputs)
+        if projected:
+            out = projected_label_smoothed_loss(x, weight, b, targets)
+        else:
+            out = loss_of_logits(torch.nn.functional.linear(x, weight, b), targets)
+        (2.5 * out.loss).backward()
+        results.append((out, [t.grad for t in (x, weight, b) if t is not None]))
+    (expected, expected_grads), (out, grads) = results
+    torch.testing.assert_close(out.loss, expected.loss, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(out.nll_loss, expected.nll_loss, rtol=1e-5, atol=1e-5)
+    assert not out.nll_loss.requires_grad
+    assert int(out.n_correct) == int(expected.n_correct) >= 5
+    for grad, expected_grad in zip(grads, expected_grads):
+        torch.testing.assert_close(grad, expected_grad, rtol=1e-5, atol=1e-6)
+    assert grads[0][[0, 5, 36]].abs().max() == 0  # padding rows: no gradient
+
+
+def test_projected_loss_in_fp64_and_without_gradients(monkeypatch):
+    """fp64 stays fp64 and equals fairseq's loss through the log-softmax; with gradients off (validation) the
+    same loss, no gradient kept; no accuracy unless asked for."""
+    monkeypatch.setattr(fused_label_smoothed, "PROJECTED_CHUNK_ROWS", 5)
+    torch.manual_seed(4)
+    x, weight, b = torch.randn(13, 8, dtype=torch.float64), torch.randn(30, 8, dtype=torch.float64), None
+    target = torch.randint(2, 30, (13,))
+    targets = ProjectedLossTargets(target, 0.2, PAD)
+    out = projected_label_smoothed_loss(x, weight, b, targets)
+    lprobs = torch.log_softmax(x @ weight.t(), dim=-1)
+    loss_ref, nll_ref = label_smoothed_nll_loss(lprobs, target.unsqueeze(1), 0.2, ignore_index=PAD)
+    assert out.loss.dtype == torch.float64 and out.n_correct is None
+    torch.testing.assert_close(out.loss, loss_ref, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(out.nll_loss, nll_ref, rtol=1e-12, atol=1e-12)
+    with torch.no_grad():
+        torch.testing.assert_close(projected_label_smoothed_loss(x, weight, b, targets).loss, out.loss)
+
+
 def _criteria(dictionary, **flags):
     task = SimpleNamespace(source_dictionary=dictionary, target_dictionary=dictionary)
     args = {"sentence_avg": False, "label_smoothing": 0.1, "ignore_prefix_size": 0, "report_accuracy": True, **flags}
@@ -98,8 +155,11 @@ def _criteria(dictionary, **flags):
 
 
 @pytest.mark.parametrize("ignore_prefix_size", [0, 2])
-def test_criterion_equals_label_smoothed_cross_entropy_on_a_model(ignore_prefix_size):
-    """Loss, logging outputs (NLL, accuracy) and every parameter's gradient, through a ConvS2S model."""
+@pytest.mark.parametrize("chunk_rows", [3, 256])
+def test_criterion_equals_label_smoothed_cross_entropy_on_a_model(ignore_prefix_size, chunk_rows, monkeypatch):
+    """Loss, logging outputs (NLL, accuracy) and every parameter's gradient, through a ConvS2S model, whose
+    decoder projects and scores its rows a chunk at a time (of 3 rows, or all in one)."""
+    monkeypatch.setattr(fused_label_smoothed, "PROJECTED_CHUNK_ROWS", chunk_rows)
     seed_all(0)
     d = make_dictionary()
     model = build_model("convs2s_iwslt_de_en", dictionary=d, dropout=0.0)
@@ -129,10 +189,20 @@ def test_criterion_equals_label_smoothed_cross_entropy_on_a_model(ignore_prefix_
         torch.testing.assert_close(grads_b[name], grads_a[name], rtol=1e-4, atol=1e-6, msg=name)
 
 
-def test_the_criterion_projects_only_the_targets_positions():
-    """Through a ConvS2S model (here inside fairseq's two distributed wrappers) the criterion asks for the logits
-    of the target's non-padding positions alone; with --sentence-avg it normalizes by sentences as fairseq's
-    does; unreduced, it gives fairseq's per-position losses, padding included."""
+@pytest.mark.parametrize("in_chunks", [True, False])
+def test_the_criterion_projects_only_the_targets_positions(in_chunks, monkeypatch):
+    """Through a ConvS2S model (here inside fairseq's two distributed wrappers) the criterion asks for the loss
+    of the target's non-padding positions alone, which the decoder scores a chunk at a time (on a CPU in fp32)
+    or from their logits (elsewhere); with --sentence-avg it normalizes by sentences as fairseq's does;
+    unreduced, it gives fairseq's per-position losses, padding included."""
+    scored = []
+    projected_loss = decoder_module.projected_label_smoothed_loss
+    monkeypatch.setattr(decoder_module, "projects_in_chunks", lambda x: in_chunks)
+    monkeypatch.setattr(
+        decoder_module,
+        "projected_label_smoothed_loss",
+        lambda x, *args: scored.append(x.shape[:-1]) or projected_loss(x, *args),
+    )
     seed_all(0)
     d = make_dictionary()
     model = build_model("convs2s_iwslt_de_en", dictionary=d, dropout=0.0)
@@ -148,7 +218,7 @@ def test_the_criterion_projects_only_the_targets_positions():
     hook = model.decoder.output_projection.register_forward_pre_hook(lambda m, a: projected.append(a[0].shape[:-1]))
     stock, fused = _criteria(d, sentence_avg=True)
     loss, sample_size, log = fused(_Wrapper(_Wrapper(model)), sample)
-    assert projected == [(13,)]
+    assert (scored, projected) == (([(13,)], []) if in_chunks else ([], [(13,)]))
     expected_loss, expected_size, expected_log = stock(model, sample)
     torch.testing.assert_close(loss, expected_loss)
     assert sample_size == expected_size == 3
@@ -156,7 +226,9 @@ def test_the_criterion_projects_only_the_targets_positions():
         k: v for k, v in expected_log.items() if k not in ("loss", "nll_loss")
     }
     projected.clear()
+    scored.clear()
     rows, _, _ = fused(model, sample, reduce=False)
+    assert scored == []
     assert projected == [(3, 6)]  # fairseq's unreduced losses are per position: the whole batch
     torch.testing.assert_close(rows, stock(model, sample, reduce=False)[0])
     hook.remove()

@@ -14,6 +14,8 @@ from utils import (
     seed_all,
 )
 
+from fairseq_convs2s.criterions.fused_label_smoothed import ProjectedLossTargets
+
 
 @pytest.mark.parametrize("arch", PRESETS)
 def test_incremental_decoding_equals_full_forward(arch):
@@ -212,6 +214,9 @@ def test_output_rows_must_match_a_full_pass():
     encoder_out = model.encoder(src)
     with pytest.raises(ValueError, match="incremental"):
         model.decoder(prev[:, :1], encoder_out, incremental_state={}, output_rows=prev[:, :1].ne(d.pad()))
+    targets = ProjectedLossTargets(prev[prev.ne(d.pad())], 0.1, d.pad())
+    with pytest.raises(ValueError, match="loss_targets"):  # the loss of which positions?
+        model(src, None, prev, loss_targets=targets)
 
 
 def test_attention_ignores_source_padding_and_is_a_distribution():

@@ -20,7 +20,7 @@ plain log-softmax; others (adaptive softmax, a model with its own ``get_normaliz
 fairseq's computation.
 """
 
-from typing import Tuple
+from typing import NamedTuple, Optional, Tuple
 
 import torch
 from fairseq import utils
@@ -32,8 +32,12 @@ from fairseq.criterions.label_smoothed_cross_entropy import (
 from fairseq.models import BaseFairseqModel, FairseqDecoder
 from torch import Tensor
 
+from ..modules.weight_norm import _onednn_linear, _onednn_pays, is_compiling
+
 # rows per chunk: about this many bytes of fp32 logits, so a chunk's few passes stay in the cache
 CHUNK_BYTES = 1 << 20
+# rows per chunk of the projected loss: enough for the chunk's three products to run at the matmul's pace
+PROJECTED_CHUNK_ROWS = 256
 
 
 class _LabelSmoothedFromLogits(torch.autograd.Function):
@@ -111,6 +115,137 @@ def label_smoothed_nll_loss_from_logits(
     return loss.unsqueeze(1), nll.unsqueeze(1)
 
 
+class ProjectedLossTargets(NamedTuple):
+    """What a decoder that scores its own output (``scores_projected_rows``) takes, as ``forward``'s
+    ``loss_targets``: the target tokens of its ``output_rows`` positions and fairseq's loss settings."""
+
+    target: Tensor  # N: the target of each selected position, in row-major order
+    epsilon: float  # label smoothing
+    ignore_index: int  # rows with this target count nothing (the padding)
+    count_correct: bool = False  # also count the rows whose argmax is the target (--report-accuracy)
+
+
+class ProjectedLoss(NamedTuple):
+    """The label-smoothed loss of the projected rows, summed: what such a decoder returns for its logits."""
+
+    loss: Tensor  # scalar, with gradients
+    nll_loss: Tensor  # scalar, without
+    n_correct: Optional[Tensor]  # scalar count (``count_correct``), else None
+
+
+class _ProjectedLabelSmoothed(torch.autograd.Function):
+    """The summed label-smoothed loss (and NLL) of the logits ``x W^T + b`` (N x V), without the N x V logits.
+
+    A chunk of rows at a time: its logits, their loss, their gradient (the formula in the module's docstring)
+    and that gradient's products with ``W`` and ``x``; the gradients of ``x``, ``W`` and ``b`` are complete
+    when the forward ends, and the backward scales them by the loss's gradient (they are linear in it). The
+    products are those of the projection, forward and backward, on row blocks: the arithmetic is the same, the
+    logits and their gradient never leave the cache, and no N x V tensor is allocated (on a CPU a fresh one
+    costs its page faults at every update: 66 MB for 1,664 rows of a 10,000-word vocabulary).
+    """
+
+    @staticmethod
+    def forward(ctx, x, weight, bias, target, epsilon: float, ignore_index: int, count_correct: bool):
+        # x: N x d, weight: V x d, bias: V (or None), target: N
+        n, vocab = x.size(0), weight.size(0)
+        eps_i = epsilon / (vocab - 1)
+        on_target = 1.0 - epsilon - eps_i
+        keep = target.ne(ignore_index)  # N
+        target = target.clamp(min=0).unsqueeze(1)  # N x 1 (an ignored row may hold a negative index)
+        with_grad = any(ctx.needs_input_grad[:3])
+        onednn = _onednn_pays(x, weight.numel())
+        if onednn:  # packed once for all the chunks
+            w_forward = torch.ops.mkldnn._reorder_linear_weight(weight, None)
+            w_backward = torch.ops.mkldnn._reorder_linear_weight(weight.t().contiguous(), None)
+        nll = x.new_empty(n)
+        smooth = x.new_empty(n)
+        correct = x.new_zeros(n, dtype=torch.bool)
+        if with_grad:
+            grad_x = torch.empty_like(x)
+            grad_weight = torch.empty_like(weight)
+            grad_bias = torch.zeros_like(bias) if bias is not None else None
+        for start in range(0, n, PROJECTED_CHUNK_ROWS):
+            rows = slice(start, min(start + PROJECTED_CHUNK_ROWS, n))
+            xc, tc, kc = x[rows], target[rows], keep[rows]
+            if onednn:
+                z = _onednn_linear(xc, w_forward, bias)  # rows x V, the logits
+            else:
+                z = torch.addmm(bias, xc, weight.t()) if bias is not None else xc.mm(weight.t())
+            target_logit = z.gather(1, tc).squeeze(1)  # rows
+            row_sum = z.sum(-1)  # rows: sum_j x_ij
+            if count_correct:
+                correct[rows] = z.argmax(-1).eq(tc.squeeze(1)) & kc
+            row_max = z.amax(-1, keepdim=True)  # rows x 1
+            z.sub_(row_max).exp_()  # rows x V: exp(x_ij - max_i), in place (the logits are not needed again)
+            exp_sum = z.sum(-1)  # rows
+            lse = row_max.squeeze(1) + exp_sum.log()  # rows: log sum_j exp x_ij
+            nll[rows] = (lse - target_logit) * kc
+            smooth[rows] = (vocab * lse - row_sum) * kc
+            if not with_grad:
+                continue
+            g = kc.to(z.dtype)  # rows: d loss / d loss_i (1, or 0 for an ignored row)
+            # z: d loss / d logits = (on_target + V eps_i) g p_ij - eps_i g - on_target g [j = t_i], p_ij = z / exp_sum
+            torch.addcmul((-eps_i * g)[:, None], z, ((on_target + vocab * eps_i) * g / exp_sum)[:, None], out=z)
+            z.scatter_add_(1, tc, (-on_target * g)[:, None])
+            grad_x[rows] = _onednn_linear(z, w_backward, None) if onednn else z.mm(weight)  # rows x d
+            grad_weight.addmm_(z.t(), xc, beta=0 if start == 0 else 1)  # V x d (beta 0: the empty start ignored)
+            if grad_bias is not None:
+                grad_bias += z.sum(0)
+        if with_grad:
+            ctx.save_for_backward(grad_x, grad_weight, grad_bias)
+        loss = (on_target * nll + eps_i * smooth).sum()
+        nll_loss, n_correct = nll.sum(), correct.sum()
+        ctx.mark_non_differentiable(nll_loss, n_correct)
+        return loss, nll_loss, n_correct
+
+    @staticmethod
+    def backward(ctx, grad_loss: Tensor, *unused):
+        grad_x, grad_weight, grad_bias = ctx.saved_tensors
+        return (
+            grad_x * grad_loss if ctx.needs_input_grad[0] else None,
+            grad_weight * grad_loss if ctx.needs_input_grad[1] else None,
+            grad_bias * grad_loss if grad_bias is not None and ctx.needs_input_grad[2] else None,
+            None,
+            None,
+            None,
+            None,
+        )
+
+
+def projects_in_chunks(x: Tensor) -> bool:
+    """Whether a decoder's rows x (N x d) go through :func:`projected_label_smoothed_loss`: on a CPU, in fp32
+    or fp64, eagerly. (A GPU runs the whole projection as one product: chunks would cost launches; bf16
+    gradients summed over chunks would be rounded once a chunk; torch.compile traces the plain form.)"""
+    return x.device.type == "cpu" and x.dtype in (torch.float32, torch.float64) and not is_compiling()
+
+
+def projected_label_smoothed_loss(
+    x: Tensor, weight: Tensor, bias: Optional[Tensor], targets: ProjectedLossTargets
+) -> ProjectedLoss:
+    """fairseq's label-smoothed loss, summed, of the logits ``x W^T + b`` (x: N x d, weight: V x d), without
+    materializing them (:class:`_ProjectedLabelSmoothed`): equal to :func:`loss_of_logits` of ``F.linear``'s
+    logits, to float rounding, with the same gradients."""
+    loss, nll_loss, n_correct = _ProjectedLabelSmoothed.apply(
+        x.contiguous(),
+        weight,
+        bias,
+        targets.target.contiguous(),
+        targets.epsilon,
+        targets.ignore_index,
+        targets.count_correct,
+    )
+    return ProjectedLoss(loss, nll_loss, n_correct if targets.count_correct else None)
+
+
+def loss_of_logits(logits: Tensor, targets: ProjectedLossTargets) -> ProjectedLoss:
+    """The :class:`ProjectedLoss` of given logits (N x V) through :func:`label_smoothed_nll_loss_from_logits`."""
+    loss, nll_loss = label_smoothed_nll_loss_from_logits(logits, targets.target, targets.epsilon, targets.ignore_index)
+    n_correct = None
+    if targets.count_correct:
+        n_correct = (logits.argmax(1).eq(targets.target) & targets.target.ne(targets.ignore_index)).sum()
+    return ProjectedLoss(loss, nll_loss.detach(), n_correct)
+
+
 def unwrap(model):
     """The model inside fairseq's distributed wrappers (ModuleProxyWrapper around DistributedDataParallel)."""
     while isinstance(getattr(model, "module", None), torch.nn.Module):
@@ -143,6 +278,12 @@ def projects_selected_rows(model) -> bool:
     return getattr(getattr(unwrap(model), "decoder", None), "projects_selected_rows", False) is True
 
 
+def scores_projected_rows(model) -> bool:
+    """Whether the model's decoder also takes ``loss_targets`` with ``output_rows`` and returns the
+    :class:`ProjectedLoss` of those positions instead of their logits (ConvS2S's decoder does)."""
+    return getattr(getattr(unwrap(model), "decoder", None), "scores_projected_rows", False) is True
+
+
 @register_criterion("fused_label_smoothed_cross_entropy", dataclass=LabelSmoothedCrossEntropyCriterionConfig)
 class FusedLabelSmoothedCrossEntropyCriterion(LabelSmoothedCrossEntropyCriterion):
     """fairseq's ``label_smoothed_cross_entropy`` (same flags, same loss, gradient and logging), computed from
@@ -156,9 +297,8 @@ class FusedLabelSmoothedCrossEntropyCriterion(LabelSmoothedCrossEntropyCriterion
         rows = target.ne(self.padding_idx)  # B x T: the positions the loss counts
         if self.ignore_prefix_size > 0:
             rows[:, : self.ignore_prefix_size] = False
-        logits = model(**sample["net_input"], output_rows=rows)[0]  # N x V
-        target = target[rows]  # N
-        loss, nll_loss = label_smoothed_nll_loss_from_logits(logits, target, self.eps, self.padding_idx)
+        targets = ProjectedLossTargets(target[rows], self.eps, self.padding_idx, self.report_accuracy)
+        loss, nll_loss, n_correct = self._score(model, sample, rows, targets)
         nsentences = sample["target"].size(0)
         sample_size = nsentences if self.sentence_avg else sample["ntokens"]
         logging_output = {
@@ -169,9 +309,16 @@ class FusedLabelSmoothedCrossEntropyCriterion(LabelSmoothedCrossEntropyCriterion
             "sample_size": sample_size,
         }
         if self.report_accuracy:
-            logging_output["n_correct"] = utils.item(logits.argmax(1).eq(target).sum())
-            logging_output["total"] = target.numel()
+            logging_output["n_correct"] = utils.item(n_correct)
+            logging_output["total"] = targets.target.numel()
         return loss, sample_size, logging_output
+
+    def _score(self, model, sample, rows: Tensor, targets: ProjectedLossTargets) -> ProjectedLoss:
+        """The loss of the selected positions: by the decoder itself where it scores its rows (ConvS2S: without
+        the N x V logits on a CPU), else from the logits of those rows."""
+        if scores_projected_rows(model):
+            return model(**sample["net_input"], output_rows=rows, loss_targets=targets)[0]
+        return loss_of_logits(model(**sample["net_input"], output_rows=rows)[0], targets)  # from N x V logits
 
     def compute_loss(self, model, net_output, sample, reduce=True):
         if not normalizes_by_log_softmax(model):

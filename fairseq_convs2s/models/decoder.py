@@ -1,6 +1,6 @@
 """The ConvS2S decoder (paper 3.2-3.3): causal convolutional blocks with multi-step attention, fast incremental."""
 
-from typing import Callable, Dict, List, NamedTuple, Optional, Tuple
+from typing import Callable, Dict, List, NamedTuple, Optional, Tuple, Union
 
 import torch
 from fairseq import utils
@@ -8,6 +8,13 @@ from fairseq.data import Dictionary
 from fairseq.models import FairseqIncrementalDecoder
 from torch import Tensor, nn
 
+from ..criterions.fused_label_smoothed import (
+    ProjectedLoss,
+    ProjectedLossTargets,
+    loss_of_logits,
+    projected_label_smoothed_loss,
+    projects_in_chunks,
+)
 from ..modules.attention import MultiStepAttention, attend
 from ..modules.conv_block import build_blocks
 from ..modules.dropout import Dropout
@@ -39,6 +46,8 @@ class ConvS2SDecoder(FairseqIncrementalDecoder):
     use_folded_products = True
     # forward(..., output_rows=mask) projects only the selected positions (fused_label_smoothed, sequence_risk)
     projects_selected_rows = True
+    # forward(..., output_rows=mask, loss_targets=...) returns their loss instead (fused_label_smoothed)
+    scores_projected_rows = True
 
     def __init__(
         self,
@@ -93,8 +102,9 @@ class ConvS2SDecoder(FairseqIncrementalDecoder):
         incremental_state: Optional[IncrementalState] = None,
         features_only: bool = False,
         output_rows: Optional[Tensor] = None,
+        loss_targets: Optional[ProjectedLossTargets] = None,
         **unused,
-    ) -> Tuple[Tensor, Optional[Tensor]]:
+    ) -> Tuple[Union[Tensor, ProjectedLoss], Optional[Tensor]]:
         """
         prev_output_tokens: B x T, the target shifted right (starting with EOS); with ``incremental_state`` only
         the last column is new. Returns logits B x T x V (B x 1 x V incrementally) and the attention averaged over
@@ -106,13 +116,21 @@ class ConvS2SDecoder(FairseqIncrementalDecoder):
         output_rows (B x T bool, full passes only): project only these positions, returning their logits N x V in
         row-major order (N = ``output_rows.sum()``), what the plugin's criteria ask for with the target's
         non-padding positions.
+
+        loss_targets (with output_rows): instead of those logits, their label-smoothed loss summed, a
+        :class:`ProjectedLoss` (``--criterion fused_label_smoothed_cross_entropy`` asks for it): in training on a
+        CPU taken a chunk of rows at a time, the logits never stored whole (:meth:`score_rows`).
         """
+        if loss_targets is not None and (output_rows is None or features_only):
+            raise ValueError("loss_targets scores the output_rows positions: pass output_rows, not features_only")
         if output_rows is not None and (incremental_state is not None or output_rows.shape != prev_output_tokens.shape):
             raise ValueError(
                 f"output_rows ({tuple(output_rows.shape)}) selects positions of a full pass over "
                 f"prev_output_tokens ({tuple(prev_output_tokens.shape)}), not of an incremental step"
             )
         x, attn = self.extract_features(prev_output_tokens, encoder_out, incremental_state)
+        if loss_targets is not None:
+            return self.score_rows(x, output_rows, loss_targets), attn
         if not features_only:
             x = self.output_layer(x, output_rows=output_rows)
         return x, attn
@@ -209,6 +227,22 @@ class ConvS2SDecoder(FairseqIncrementalDecoder):
         rows = features.reshape(-1, features.size(-1)) if output_rows is None else features[output_rows]
         logits = folded.output_projection(rows)  # (B*T | N) x V
         return logits if output_rows is not None else logits.view(*features.shape[:-1], -1)
+
+    def score_rows(self, features: Tensor, output_rows: Tensor, targets: ProjectedLossTargets) -> ProjectedLoss:
+        """The summed label-smoothed loss of the logits ``output_layer(features, output_rows)``; features:
+        B x T x out_embed, output_rows: B x T bool, ``targets.target``: the N targets of those positions.
+
+        Porting note (fconv): fconv's logits feed fairseq's criterion, which keeps the N x V log-probabilities
+        and their gradient. Here, on a CPU in fp32, the projection and the loss run a chunk of rows
+        at a time (``projected_label_smoothed_loss``), their gradients taken in the same pass: the same
+        products and values, without the two N x V tensors. Elsewhere the logits come from ``output_layer``
+        and the loss from them, in one fused pass.
+        """
+        if projects_in_chunks(features):
+            x = self.dropout_module(features)[output_rows]  # N x out_embed (the mask drawn over all of B x T)
+            projection = self.output_projection
+            return projected_label_smoothed_loss(x, projection.weight, projection.bias, targets)
+        return loss_of_logits(self.output_layer(features, output_rows=output_rows), targets)
 
     def _folded_products(self) -> Optional["_FoldedProducts"]:
         """The decoder's products with the weights folded for the current inference pass, or None where they
