@@ -190,7 +190,8 @@ def render(results: Dict, plot: Path, markdown_dir: Path) -> str:
     on_gpu = any(r.get("generate_gpu_mib") for r in results["memory"])
     rows = []
     for r in results["memory"]:
-        row = [r["size"], r["impl"], f"{r['idle_rss_mib']:.0f}", f"{r['generate_rss_mib']:.0f}"]
+        model = "convs2s, fused criterion" if r["impl"] == FUSED else r["impl"]
+        row = [r["size"], model, f"{r['idle_rss_mib']:.0f}", f"{r['generate_rss_mib']:.0f}"]
         row.append(f"{r['train_rss_mib']:.0f}")
         if on_gpu:
             row += [f"{r['generate_gpu_mib']:.0f}", f"{r['train_gpu_mib']:.0f}"]

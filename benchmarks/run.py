@@ -305,10 +305,11 @@ def scaling(args, device) -> Dict[str, List[Dict]]:
 
 
 def memory(args, device) -> List[Dict]:
-    """Peak RSS (and GPU memory) of each implementation alone in a fresh process."""
+    """Peak RSS (and GPU memory) of each implementation alone in a fresh process; convs2s twice, its update with
+    fairseq's loss and with the fused criterion (``FUSED``: on a CPU no N x V logits stored)."""
     rows = []
     for size_name in args.sizes.split(","):
-        for impl in IMPLS:
+        for impl in IMPLS + (FUSED,):
             cmd = [sys.executable, "-m", "benchmarks.run", "--device", args.device, "--src-len", str(args.src_len)]
             cmd += ["--memory-worker", impl, size_name, "--threads", str(torch.get_num_threads())]
             cmd += ["--quick"] if args.quick else []
@@ -324,6 +325,8 @@ def memory(args, device) -> List[Dict]:
 
 def memory_worker(args, device) -> None:
     impl, size_name = args.memory_worker
+    fused_loss = impl == FUSED  # convs2s, its update through the fused criterion
+    impl = "convs2s" if fused_loss else impl
     size = SIZES[size_name]
     dictionary = make_dictionary(size.vocab)
 
@@ -337,7 +340,7 @@ def memory_worker(args, device) -> None:
     model = load()
     batch = 16 if args.quick else 128
     samples = measure.source_batches(dictionary, batch, args.src_len, batch, device)
-    row = {"size": size_name, "impl": impl, "idle_rss_mib": measure.PeakRSS.rss_mib()}
+    row = {"size": size_name, "impl": args.memory_worker[0], "idle_rss_mib": measure.PeakRSS.rss_mib()}
     # prepared in place, as fairseq-generate does (no copy to count), then a fresh model to train
     prepared = measure.prepare_for_generation(model, 5, in_place=True)
     run, _ = measure.generator_fn(prepared, dictionary, samples, 5, args.src_len)
@@ -348,9 +351,8 @@ def memory_worker(args, device) -> None:
     row.update(generate_rss_mib=peak.peak_mib, generate_gpu_mib=measure.gpu_peak_mib(device))
     del model, prepared, run
     model = load()
-    step = measure.TrainStep(
-        model, measure.train_sample(dictionary, batch // 2, args.src_len, device), dictionary.pad()
-    )
+    sample = measure.train_sample(dictionary, batch // 2, args.src_len, device)
+    step = measure.TrainStep(model, sample, dictionary.pad(), fused_loss=fused_loss)
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     with measure.PeakRSS() as peak:

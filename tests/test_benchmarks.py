@@ -192,3 +192,8 @@ def test_training_bound_charges_every_implementation_the_vocabulary_the_body_at_
     assert bound["body_at_peak_s"] == pytest.approx(0.165)
     assert bound["bound"] == pytest.approx(0.54 / (0.24 + 0.165 + 0.02))
     assert bound["bound_fused"] == pytest.approx(0.54 / (0.2 + 0.165 + 0.02))
+    assert bound["vocabulary_fused_form"] == "fused"  # a GPU's: from the logits
+    # on a CPU the fused criterion projects and scores in chunks: its bound charges that form
+    (bound,) = training_bounds([row], {"stock": 0.24, "fused": 0.2, "projected": 0.18}, ntokens, {"fp32": peak})
+    assert bound["vocabulary_fused_form"] == "projected"
+    assert bound["bound_fused"] == pytest.approx(0.54 / (0.18 + 0.165 + 0.02))
