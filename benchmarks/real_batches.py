@@ -8,9 +8,10 @@ size, clip 0.1, NAG 0.99) for:
 
 - ``fconv``: fairseq's ``fconv`` with ``--criterion label_smoothed_cross_entropy``, what a stock user trains;
 - ``convs2s``: the same weights converted, with the same criterion;
-- ``convs2s-fused-all``: with ``fused_label_smoothed_cross_entropy``, every position projected to the vocabulary;
+- ``convs2s-fused-all``: with ``fused_label_smoothed_cross_entropy``, every position projected to the vocabulary
+  and the loss taken from those stored logits (what the criterion did before ``output_rows``);
 - ``convs2s-fused``: with ``fused_label_smoothed_cross_entropy`` as it runs, the target's non-padding positions
-  alone projected (``output_rows``).
+  alone projected (``output_rows``), on a CPU in fp32 projected and scored a chunk of rows at a time.
 
 Unlike the harness's 64 equal-length sentences, these batches carry the padding that length-bucketed real data
 has (printed). Each variant trains its own copy of the same weights; the passes alternate (the order flipping
@@ -81,7 +82,8 @@ class Update:
 
 @contextlib.contextmanager
 def _all_positions():
-    """The fused criterion without the row selection: every position projected, as before ``output_rows``."""
+    """The fused criterion without the row selection: every position projected and scored from the stored
+    logits, as before ``output_rows`` (and before the decoder scored its rows in chunks)."""
     ConvS2SDecoder.projects_selected_rows = False
     try:
         yield

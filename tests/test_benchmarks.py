@@ -175,6 +175,32 @@ def test_apply_gradients_seconds_times_the_clip_and_optimizer_step_after_an_upda
     assert any(not torch.equal(a, p) for a, p in zip(before, step.params))  # it steps the weights: 3 more times
 
 
+def test_train_step_with_the_fused_loss_runs_the_criterion_and_gives_fairseqs_loss(monkeypatch):
+    """``TrainStep(fused_loss=True)`` trains through the plugin's criterion itself: for convs2s on a CPU the
+    decoder scores its rows in chunks; for fconv the loss comes from its logits. Either way fairseq's loss."""
+    from benchmarks.measure import TrainStep, train_sample
+    from benchmarks.pair import Size, build_pair, make_dictionary
+    from fairseq_convs2s.models import decoder
+
+    scored = []
+    projected_loss = decoder.projected_label_smoothed_loss
+    monkeypatch.setattr(
+        decoder, "projected_label_smoothed_loss", lambda x, *a: scored.append(len(x)) or projected_loss(x, *a)
+    )
+    size = Size("convs2s_iwslt_de_en", "[(16, 3)] * 2", "[(16, 3)] * 2", 16, 16, 40)
+    dictionary = make_dictionary(size.vocab)
+    sample = train_sample(dictionary, 4, 5, torch.device("cpu"))
+    for model, twin in zip(build_pair(size, dictionary, dropout=0.0), build_pair(size, dictionary, dropout=0.0)):
+        twin.load_state_dict(model.state_dict())  # (fconv's weight norm cannot be deep-copied)
+        losses = []
+        for trained, fused_loss in ((model, False), (twin, True)):
+            step = TrainStep(trained, sample, dictionary.pad(), fused_loss=fused_loss)
+            step()
+            losses.append(step.losses[0])
+        assert losses[1] == pytest.approx(losses[0], rel=1e-5)
+    assert scored == [sample["ntokens"]]  # convs2s's fused update, once: every target token, in chunks
+
+
 def test_training_bound_charges_every_implementation_the_vocabulary_the_body_at_peak_and_the_optimizer():
     from benchmarks.pair import SIZES
     from benchmarks.report import FUSED

@@ -132,7 +132,7 @@ def test_projected_loss_equals_the_loss_of_the_logits(chunk_rows, onednn, bias, 
 
 def test_projected_loss_in_fp64_and_without_gradients(monkeypatch):
     """fp64 stays fp64 and equals fairseq's loss through the log-softmax; with gradients off (validation) the
-    same loss, no gradient kept; no accuracy unless asked for."""
+    same loss; no accuracy unless asked for; no rows at all, no loss and no gradient."""
     monkeypatch.setattr(fused_label_smoothed, "PROJECTED_CHUNK_ROWS", 5)
     torch.manual_seed(4)
     x, weight, b = torch.randn(13, 8, dtype=torch.float64), torch.randn(30, 8, dtype=torch.float64), None
@@ -146,6 +146,13 @@ def test_projected_loss_in_fp64_and_without_gradients(monkeypatch):
     torch.testing.assert_close(out.nll_loss, nll_ref, rtol=1e-12, atol=1e-12)
     with torch.no_grad():
         torch.testing.assert_close(projected_label_smoothed_loss(x, weight, b, targets).loss, out.loss)
+    # no row to score (every position ignored by --ignore-prefix-size): zero loss, zero gradients
+    x = x[:0].clone().requires_grad_()
+    weight = weight.clone().requires_grad_()
+    empty = projected_label_smoothed_loss(x, weight, None, ProjectedLossTargets(target[:0], 0.2, PAD))
+    empty.loss.backward()
+    assert empty.loss.item() == 0 and x.grad.shape == (0, 8)
+    assert torch.equal(weight.grad, torch.zeros_like(weight))
 
 
 def _criteria(dictionary, **flags):

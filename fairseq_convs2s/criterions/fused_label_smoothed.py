@@ -162,7 +162,7 @@ class _ProjectedLabelSmoothed(torch.autograd.Function):
         correct = x.new_zeros(n, dtype=torch.bool)
         if with_grad:
             grad_x = torch.empty_like(x)
-            grad_weight = torch.empty_like(weight)
+            grad_weight = torch.empty_like(weight) if n else torch.zeros_like(weight)  # (written by chunk 0)
             grad_bias = torch.zeros_like(bias) if bias is not None else None
         for start in range(0, n, PROJECTED_CHUNK_ROWS):
             rows = slice(start, min(start + PROJECTED_CHUNK_ROWS, n))

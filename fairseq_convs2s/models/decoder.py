@@ -118,8 +118,8 @@ class ConvS2SDecoder(FairseqIncrementalDecoder):
         non-padding positions.
 
         loss_targets (with output_rows): instead of those logits, their label-smoothed loss summed, a
-        :class:`ProjectedLoss` (``--criterion fused_label_smoothed_cross_entropy`` asks for it): in training on a
-        CPU taken a chunk of rows at a time, the logits never stored whole (:meth:`score_rows`).
+        :class:`ProjectedLoss` (``--criterion fused_label_smoothed_cross_entropy`` asks for it): on a CPU taken a
+        chunk of rows at a time, the logits never stored whole (:meth:`score_rows`).
         """
         if loss_targets is not None and (output_rows is None or features_only):
             raise ValueError("loss_targets scores the output_rows positions: pass output_rows, not features_only")
