@@ -253,10 +253,14 @@ class _Wrapper(torch.nn.Module):
 
 
 def test_the_check_sees_through_distributed_wrappers_and_instance_overrides():
-    """Multi-process training hands the criterion the model inside two wrappers: it still takes the fused pass.
-    A normalization replaced on the instance (not the class) is seen too, and falls back."""
+    """Multi-process training hands the criterion the model inside two wrappers: it still takes the fused pass,
+    as through torch.compile's wrapper. A normalization replaced on the instance (not the class) is seen too,
+    and falls back."""
     model = build_model("convs2s_iwslt_de_en", dictionary=make_dictionary(), dropout=0.0)
     assert normalizes_by_log_softmax(_Wrapper(_Wrapper(model)))
+    compiled = torch.compile(model)  # (compiled at its first call: never here)
+    assert fused_label_smoothed.unwrap(_Wrapper(compiled)) is model and normalizes_by_log_softmax(compiled)
+    assert fused_label_smoothed.scores_projected_rows(compiled)
     model.decoder.get_normalized_probs = lambda net_output, log_probs, sample=None: net_output[0]
     assert not normalizes_by_log_softmax(_Wrapper(_Wrapper(model)))
     assert not normalizes_by_log_softmax(_Wrapper(torch.nn.Linear(2, 2)))

@@ -247,10 +247,14 @@ def loss_of_logits(logits: Tensor, targets: ProjectedLossTargets) -> ProjectedLo
 
 
 def unwrap(model):
-    """The model inside fairseq's distributed wrappers (ModuleProxyWrapper around DistributedDataParallel)."""
-    while isinstance(getattr(model, "module", None), torch.nn.Module):
-        model = model.module
-    return model
+    """The model inside fairseq's distributed wrappers (ModuleProxyWrapper around DistributedDataParallel) and
+    torch.compile's (``OptimizedModule``, whose ``_orig_mod`` it is; calls still go through the wrappers)."""
+    while True:
+        inner = getattr(model, "_orig_mod", None)
+        inner = inner if isinstance(inner, torch.nn.Module) else getattr(model, "module", None)
+        if not isinstance(inner, torch.nn.Module):
+            return model
+        model = inner
 
 
 def normalizes_by_log_softmax(model) -> bool:
