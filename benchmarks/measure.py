@@ -427,14 +427,13 @@ def vocabulary_step_seconds(sample, out_embed_dim: int, vocab: int, pad: int, re
         if loss_form == "projected":
             targets = ProjectedLossTargets(target, 0.1, pad)
             loss = projected_label_smoothed_loss(x, projection.weight, projection.bias, targets).loss
-        elif loss_form == "fused":
-            loss, _ = label_smoothed_nll_loss_from_logits(
-                training_linear(x, projection.weight, projection.bias), target, 0.1, pad
-            )
         else:
             logits = training_linear(x, projection.weight, projection.bias)  # B*T x V
-            lprobs = torch.log_softmax(logits.float(), dim=-1)
-            loss, _ = label_smoothed_nll_loss(lprobs, target.unsqueeze(1), 0.1, ignore_index=pad)
+            if loss_form == "fused":
+                loss, _ = label_smoothed_nll_loss_from_logits(logits, target, 0.1, pad)
+            else:
+                lprobs = torch.log_softmax(logits.float(), dim=-1)
+                loss, _ = label_smoothed_nll_loss(lprobs, target.unsqueeze(1), 0.1, ignore_index=pad)
         loss.backward()
 
     forms = ["stock", "fused"] + (["projected"] if device.type == "cpu" else [])

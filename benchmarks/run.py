@@ -324,9 +324,9 @@ def memory(args, device) -> List[Dict]:
 
 
 def memory_worker(args, device) -> None:
-    impl, size_name = args.memory_worker
-    fused_loss = impl == FUSED  # convs2s, its update through the fused criterion
-    impl = "convs2s" if fused_loss else impl
+    name, size_name = args.memory_worker
+    fused_loss = name == FUSED  # convs2s, its update through the fused criterion
+    impl = "convs2s" if fused_loss else name
     size = SIZES[size_name]
     dictionary = make_dictionary(size.vocab)
 
@@ -340,7 +340,7 @@ def memory_worker(args, device) -> None:
     model = load()
     batch = 16 if args.quick else 128
     samples = measure.source_batches(dictionary, batch, args.src_len, batch, device)
-    row = {"size": size_name, "impl": args.memory_worker[0], "idle_rss_mib": measure.PeakRSS.rss_mib()}
+    row = {"size": size_name, "impl": name, "idle_rss_mib": measure.PeakRSS.rss_mib()}
     # prepared in place, as fairseq-generate does (no copy to count), then a fresh model to train
     prepared = measure.prepare_for_generation(model, 5, in_place=True)
     run, _ = measure.generator_fn(prepared, dictionary, samples, 5, args.src_len)

@@ -50,7 +50,7 @@ class _LabelSmoothedFromLogits(torch.autograd.Function):
     @staticmethod
     def forward(ctx, logits: Tensor, target: Tensor, epsilon: float, ignore_index: int):
         n, vocab = logits.shape
-        eps_i = epsilon / (vocab - 1)
+        eps_i, on_target = _smoothing_weights(epsilon, vocab)
         compute = _compute_dtype(logits)
         lse = logits.new_empty(n, dtype=compute)  # N: log sum_j exp x_ij
         row_sum = logits.new_empty(n, dtype=compute)  # N: sum_j x_ij
@@ -62,7 +62,7 @@ class _LabelSmoothedFromLogits(torch.autograd.Function):
         target_logit = logits.gather(1, target.clamp(min=0).unsqueeze(1)).squeeze(1).to(compute)  # N
         nll = (lse - target_logit) * keep
         smooth = (vocab * lse - row_sum) * keep
-        loss = (1.0 - epsilon - eps_i) * nll + eps_i * smooth
+        loss = on_target * nll + eps_i * smooth
         ctx.save_for_backward(logits, target, lse, keep)
         ctx.epsilon = epsilon
         return loss, nll
@@ -71,8 +71,7 @@ class _LabelSmoothedFromLogits(torch.autograd.Function):
     def backward(ctx, grad_loss: Tensor, grad_nll: Tensor):  # both N
         logits, target, lse, keep = ctx.saved_tensors
         n, vocab = logits.shape
-        eps_i = ctx.epsilon / (vocab - 1)
-        on_target = 1.0 - ctx.epsilon - eps_i
+        eps_i, on_target = _smoothing_weights(ctx.epsilon, vocab)
         g = grad_loss.to(lse) * keep  # N
         g_nll = grad_nll.to(lse) * keep  # N
         softmax_scale = (on_target + vocab * eps_i) * g + g_nll  # N: the coefficient of p_ij
@@ -87,6 +86,13 @@ class _LabelSmoothedFromLogits(torch.autograd.Function):
         on_target_grad = -(on_target * g + g_nll)  # N: the coefficient of [j = t_i]
         grad.scatter_add_(1, target.clamp(min=0).unsqueeze(1), on_target_grad.to(grad.dtype).unsqueeze(1))
         return grad, None, None, None
+
+
+def _smoothing_weights(epsilon: float, vocab: int) -> Tuple[float, float]:
+    """fairseq's weights of a row's loss terms: (eps_i = eps / (V - 1), the smoothing term's; 1 - eps - eps_i,
+    the target's NLL's)."""
+    eps_i = epsilon / (vocab - 1)
+    return eps_i, 1.0 - epsilon - eps_i
 
 
 def _compute_dtype(logits: Tensor) -> torch.dtype:
@@ -148,15 +154,15 @@ class _ProjectedLabelSmoothed(torch.autograd.Function):
     def forward(ctx, x, weight, bias, target, epsilon: float, ignore_index: int, count_correct: bool):
         # x: N x d, weight: V x d, bias: V (or None), target: N
         n, vocab = x.size(0), weight.size(0)
-        eps_i = epsilon / (vocab - 1)
-        on_target = 1.0 - epsilon - eps_i
+        eps_i, on_target = _smoothing_weights(epsilon, vocab)
         keep = target.ne(ignore_index)  # N
         target = target.clamp(min=0).unsqueeze(1)  # N x 1 (an ignored row may hold a negative index)
         with_grad = any(ctx.needs_input_grad[:3])
         onednn = _onednn_pays(x, weight.numel())
         if onednn:  # packed once for all the chunks
             w_forward = torch.ops.mkldnn._reorder_linear_weight(weight, None)
-            w_backward = torch.ops.mkldnn._reorder_linear_weight(weight.t().contiguous(), None)
+            if with_grad:
+                w_backward = torch.ops.mkldnn._reorder_linear_weight(weight.t().contiguous(), None)
         nll = x.new_empty(n)
         smooth = x.new_empty(n)
         correct = x.new_zeros(n, dtype=torch.bool)
