@@ -12,6 +12,7 @@ from cli_helpers import make_splits, preprocess
 from utils import build_model
 
 from benchmarks.measure import count_flops
+from benchmarks.op_split import PRODUCTS, OperatorTimer
 from benchmarks.real_batches import main as real_batches_main
 from benchmarks.report import render
 from benchmarks.risk_update import VARIANTS as RISK_VARIANTS
@@ -223,3 +224,18 @@ def test_training_bound_charges_every_implementation_the_vocabulary_the_body_at_
     (bound,) = training_bounds([row], {"stock": 0.24, "fused": 0.2, "projected": 0.18}, ntokens, {"fp32": peak})
     assert bound["vocabulary_fused_form"] == "projected"
     assert bound["bound_fused"] == pytest.approx(0.54 / (0.18 + 0.165 + 0.02))
+
+
+def test_operator_timer_splits_products_from_other_operators_forward_and_backward():
+    x = torch.randn(32, 16, requires_grad=True)
+    w = torch.randn(24, 16, requires_grad=True)
+    timer = OperatorTimer()
+    with timer:
+        y = weight_norm.training_linear(x, w, None)  # small: F.linear, an mm
+        torch.sigmoid(y).sum().backward()  # the weight and input gradients are two more mm
+    assert timer.calls["mm"] == 3 and timer.calls["sigmoid"] == 1 and timer.calls["sigmoid_backward"] == 1
+    split = timer.split()
+    assert split["products"] == pytest.approx(timer.seconds["mm"])
+    assert split["other"] == pytest.approx(sum(timer.seconds.values()) - timer.seconds["mm"])
+    assert split["products"] > 0 and split["other"] > 0
+    assert {"_linear_pointwise", "addmm_", "conv_tbc"} <= PRODUCTS  # oneDNN's linear, conv_tbc's backward, fconv's

@@ -1,0 +1,123 @@
+"""Where a training update's time goes, products against everything else, each operator timed as it runs.
+
+``python -m benchmarks.op_split [--sizes iwslt] [--repeats 7] [--keep-freed-memory]`` builds the harness's pair
+(``benchmarks.pair``: fconv and its conversion, the same weights), times one update of each alternately (64 x 26
+target tokens, dropout 0.2, backward, clip 0.1, NAG; fconv with fairseq's ``label_smoothed_cross_entropy``,
+convs2s with the fused criterion, as each trains fastest), then runs updates under a ``TorchDispatchMode`` that
+times every aten operator, forward and backward, around its own call: the matrix products (``PRODUCTS``) against
+all other operators; what is left of the untimed update is Python and dispatch. With torch's FLOP counter
+(``measure.count_flops``) and the 2048^3 matmul peak of the same run it prints what the products reach, and what the
+rest of convs2s's update may cost at most for it to run at 1.3x fconv's speed: the issue's training target. Unlike
+``torch.profiler`` (``benchmarks.profile``), the timer adds its overhead outside the timed calls, not to them.
+"""
+
+import argparse
+import time
+from collections import defaultdict
+from typing import Dict
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from fairseq_convs2s.train import keep_freed_memory
+
+from . import measure
+from .pair import SIZES, build_pair, make_dictionary
+
+# the matrix products of an update: torch's and oneDNN's, conv_tbc (fconv's convolutions) and its backward
+PRODUCTS = frozenset(
+    {"mm", "addmm", "addmm_", "bmm", "baddbmm", "addbmm", "_linear_pointwise", "conv_tbc", "conv_tbc_backward"}
+)
+TARGET = 1.3
+
+
+class OperatorTimer(TorchDispatchMode):
+    """Seconds and calls per aten operator (by name, all overloads together) while active."""
+
+    def __init__(self):
+        super().__init__()
+        self.seconds: Dict[str, float] = defaultdict(float)
+        self.calls: Dict[str, int] = defaultdict(int)
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        start = time.perf_counter()
+        out = func(*args, **(kwargs or {}))
+        name = func.overloadpacket.__name__
+        self.seconds[name] += time.perf_counter() - start
+        self.calls[name] += 1
+        return out
+
+    def split(self) -> Dict[str, float]:
+        """{"products": s, "other": s}, summed over the operators timed."""
+        products = sum(s for name, s in self.seconds.items() if name in PRODUCTS)
+        return {"products": products, "other": sum(self.seconds.values()) - products}
+
+
+def split_update(step, runs: int) -> Dict[str, object]:
+    """Per update: seconds in products and in other operators, operator calls, and the top operators."""
+    timer = OperatorTimer()
+    with timer:
+        for _ in range(runs):
+            step()
+    split = {k: v / runs for k, v in timer.split().items()}
+    top = sorted(timer.seconds.items(), key=lambda kv: -kv[1])[:8]
+    return {
+        **split,
+        "calls": sum(timer.calls.values()) // runs,
+        "top": [(name, s / runs, timer.calls[name] // runs) for name, s in top],
+    }
+
+
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--sizes", default="iwslt", help=f"comma-separated, of {sorted(SIZES)}")
+    p.add_argument("--repeats", type=int, default=7, help="timed updates per model (medians), and timed runs")
+    p.add_argument("--keep-freed-memory", action="store_true", help="as python -m fairseq_convs2s.train on a CPU")
+    args = p.parse_args(argv)
+    cpu = torch.device("cpu")
+    kept = args.keep_freed_memory and keep_freed_memory()
+    machine = measure.describe_machine(cpu)
+    peak = measure.matmul_peak(torch.float32, cpu)
+    print(
+        f"{machine['cpu']}, {machine['torch_threads']} threads, torch {machine['torch']}, commit "
+        f"{machine['git_commit']}, freed memory kept: {kept}; fp32 2048^3 matmul peak {peak:.0f} GFLOP/s"
+    )
+    for size_name in args.sizes.split(","):
+        size = SIZES[size_name]
+        dictionary = make_dictionary(size.vocab)
+        fconv, convs2s = build_pair(size, dictionary, dropout=0.2)
+        sample = measure.train_sample(dictionary, 64, 25, cpu)
+        steps = {
+            "fconv": measure.TrainStep(fconv, sample, dictionary.pad()),
+            "convs2s": measure.TrainStep(convs2s, sample, dictionary.pad(), fused_loss=True),
+        }
+        times = measure.alternate(steps, args.repeats, warmup=1, device=cpu)
+        rows = {}
+        for name, step in steps.items():
+            wall = measure.median(times[name])
+            split = split_update(step, args.repeats)
+            gflop = measure.count_flops(step.forward_backward) / 1e9
+            rows[name] = {"wall": wall, "gflop": gflop, **split}
+            rest = wall - split["products"] - split["other"]
+            print(
+                f"\n{size_name} {name}: update {wall * 1e3:.0f} ms = products {split['products'] * 1e3:.0f} ms "
+                f"({gflop:.1f} GFLOP at {gflop / split['products']:.0f} GFLOP/s, "
+                f"{gflop / split['products'] / peak:.0%} of the peak) + {split['calls']} other operator calls "
+                f"{split['other'] * 1e3:.0f} ms + Python and dispatch {rest * 1e3:.0f} ms"
+            )
+            for op, seconds, calls in split["top"]:
+                print(f"  {op:32s} {seconds * 1e3:7.1f} ms {calls:5d} calls{'  (product)' if op in PRODUCTS else ''}")
+        f, c = rows["fconv"], rows["convs2s"]
+        budget = f["wall"] / TARGET
+        print(
+            f"\n{size_name}: convs2s {f['wall'] / c['wall']:.2f}x fconv. {TARGET}x needs an update of "
+            f"{budget * 1e3:.0f} ms; convs2s's products take {c['products'] * 1e3:.0f} ms of it (all its "
+            f"arithmetic at the peak: {c['gflop'] / peak * 1e3:.0f} ms), leaving "
+            f"{(budget - c['products']) * 1e3:.0f} ms ({(budget - c['gflop'] / peak) * 1e3:.0f} ms) for the other "
+            f"operators, Python and dispatch, which take {(c['wall'] - c['products']) * 1e3:.0f} ms "
+            f"(fconv's: {(f['wall'] - f['products']) * 1e3:.0f} ms)"
+        )
+
+
+if __name__ == "__main__":
+    main()
