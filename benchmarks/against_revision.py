@@ -13,7 +13,6 @@ the harness's ratios against fconv (about 0.1), not of this alternation (two cop
 import argparse
 import importlib
 import subprocess
-import sys
 import types
 from pathlib import Path
 
@@ -103,7 +102,6 @@ def main(argv=None) -> None:
             use(0)
         old, new = measure.median(times["old"]), measure.median(times["new"])
         print(f"{size_name} update: {args.revision} {old:.3f}s, now {new:.3f}s = {old / new:.3f}x", flush=True)
-    sys.stdout.flush()
 
 
 if __name__ == "__main__":

@@ -11,6 +11,7 @@ import torch.nn.functional as F
 from cli_helpers import make_splits, preprocess
 from utils import build_model
 
+from benchmarks.against_revision import module_at
 from benchmarks.measure import count_flops
 from benchmarks.op_split import PRODUCTS, OperatorTimer
 from benchmarks.real_batches import main as real_batches_main
@@ -239,3 +240,16 @@ def test_operator_timer_splits_products_from_other_operators_forward_and_backwar
     assert split["other"] == pytest.approx(sum(timer.seconds.values()) - timer.seconds["mm"])
     assert split["products"] > 0 and split["other"] > 0
     assert {"_linear_pointwise", "addmm_", "conv_tbc"} <= PRODUCTS  # oneDNN's linear, conv_tbc's backward, fconv's
+
+
+def test_against_revision_loads_a_module_as_committed_beside_todays():
+    from fairseq_convs2s.criterions import fused_label_smoothed
+
+    old = module_at("HEAD", "fairseq_convs2s.criterions.fused_label_smoothed")  # its criterion not re-registered
+    assert old is not fused_label_smoothed and old.__package__ == "fairseq_convs2s.criterions"
+    assert old._ProjectedLabelSmoothed is not fused_label_smoothed._ProjectedLabelSmoothed
+    assert old._onednn_linear is fused_label_smoothed._onednn_linear  # relative imports: today's modules
+    logits, target = torch.randn(6, 11, dtype=torch.float64), torch.randint(0, 11, (6,))
+    for module in (old, fused_label_smoothed):
+        loss, nll = module.label_smoothed_nll_loss_from_logits(logits, target, 0.1, ignore_index=-100)
+        torch.testing.assert_close(nll, F.cross_entropy(logits, target, reduction="sum"))
