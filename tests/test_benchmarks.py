@@ -12,6 +12,7 @@ from cli_helpers import make_splits, preprocess
 from utils import build_model
 
 from benchmarks.against_revision import module_at
+from benchmarks.chunk_forms import main as chunk_forms_main
 from benchmarks.measure import count_flops
 from benchmarks.op_split import PRODUCTS, OperatorTimer
 from benchmarks.real_batches import main as real_batches_main
@@ -253,3 +254,16 @@ def test_against_revision_loads_a_module_as_committed_beside_todays():
     for module in (old, fused_label_smoothed):
         loss, nll = module.label_smoothed_nll_loss_from_logits(logits, target, 0.1, ignore_index=-100)
         torch.testing.assert_close(nll, F.cross_entropy(logits, target, reduction="sum"))
+
+
+def test_chunk_forms_times_every_piece_in_each_form(capsys):
+    chunk_forms_main(["--rows", "832", "--repeats", "1"])
+    lines = capsys.readouterr().out.splitlines()
+    pieces = {line.split(":")[0]: line for line in lines[1:]}
+    assert set(pieces) == {
+        "softmax (a chunk)",
+        "gradient (a chunk)",
+        "input gradient (all chunks)",
+        "weight gradient (all chunks)",
+    }
+    assert "W^T a view" in pieces["input gradient (all chunks)"] and "addcmul" in pieces["gradient (a chunk)"]
