@@ -50,16 +50,17 @@ def main(argv=None) -> None:
     chunks = [(x[s : s + rows], grads[s : s + rows]) for s in range(0, n, rows)]
     grad_weight = torch.zeros(vocab, d)
 
+    def softmax_in_place():  # and the maximum of p, whose -log the criterion takes for the log-sum-exp
+        return torch.ops.aten._softmax.out(z.copy_(logits), -1, False, out=z).amax(-1)
+
     def packed_transpose():
         w_t = torch.ops.mkldnn._reorder_linear_weight(weight.t().contiguous(), None)
         return [_onednn_linear(g, w_t, None) for _, g in chunks]
 
     pieces = {
         "softmax (a chunk)": {
-            # both take the logits' row maximum first (the new form for the log-sum-exp, as -log of p's maximum)
-            "in place, softmax's kernel": lambda: torch.ops.aten._softmax.out(z.copy_(logits), -1, False, out=z).amax(
-                -1
-            ),
+            "in place, softmax's kernel": softmax_in_place,
+            # (both forms take the logits' row maximum first)
             "max subtracted, exp_, sum": lambda: z.copy_(logits).sub_(row_max).exp_().sum(-1),
             "the copy both start from": lambda: z.copy_(logits),
         },
