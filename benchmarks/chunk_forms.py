@@ -14,24 +14,12 @@ against its alternatives, the forms of one piece alternated in one process (medi
 """
 
 import argparse
-import time
-from typing import Callable, Dict
 
 import torch
 
 from fairseq_convs2s.modules.weight_norm import _onednn_linear
 
-
-def alternated(forms: Dict[str, Callable[[], object]], repeats: int) -> Dict[str, float]:
-    """Median ms of each form, the order reversed every round, after two warm-up rounds."""
-    times = {name: [] for name in forms}
-    for r in range(repeats + 2):
-        for name in forms if r % 2 else reversed(list(forms)):
-            start = time.perf_counter()
-            forms[name]()
-            if r >= 2:
-                times[name].append(time.perf_counter() - start)
-    return {name: 1e3 * sorted(t)[len(t) // 2] for name, t in times.items()}
+from . import measure
 
 
 def main(argv=None) -> None:
@@ -80,7 +68,8 @@ def main(argv=None) -> None:
     }
     print(f"{torch.get_num_threads()} threads, chunks of {rows} rows; ms, medians of {args.repeats}, alternated")
     for piece, forms in pieces.items():
-        ms = alternated(forms, args.repeats)
+        times = measure.alternate(forms, args.repeats, warmup=2, device=torch.device("cpu"))
+        ms = {name: 1e3 * measure.median(t) for name, t in times.items()}
         print(f"{piece}: " + "; ".join(f"{name} {t:.2f}" for name, t in ms.items()), flush=True)
 
 

@@ -159,10 +159,10 @@ class _ProjectedLabelSmoothed(torch.autograd.Function):
         target = target.clamp(min=0).unsqueeze(1)  # N x 1 (an ignored row may hold a negative index)
         with_grad = any(ctx.needs_input_grad[:3])
         onednn = _onednn_pays(x, weight.numel())
-        if onednn:  # packed once for all the chunks
+        if onednn:  # W packed once for all the chunks
             w_forward = torch.ops.mkldnn._reorder_linear_weight(weight, None)
-            # the input gradient's weight, W^T, as a view: oneDNN reads it in place, every chunk's product 47 ms
-            # an iwslt-size update against 62 with W^T copied and packed (python -m benchmarks.chunk_forms)
+            # the input gradient's weight, W^T, as a view: oneDNN reads it in place, every chunk's product 45 ms
+            # an iwslt-size update against 56 with W^T copied and packed (python -m benchmarks.chunk_forms)
             w_backward = weight.t()
         nll = x.new_empty(n)
         smooth = x.new_empty(n)
@@ -184,7 +184,7 @@ class _ProjectedLabelSmoothed(torch.autograd.Function):
                 correct[rows] = z.argmax(-1).eq(tc.squeeze(1)) & kc
             row_max = z.amax(-1)  # rows
             # softmax's own kernel over the logits, in place (row by row: a row's maximum is read before any of
-            # it is written): 1.1 ms a 256-row chunk against 1.8 for subtracting the maximum, exp_ and a sum
+            # it is written): 0.9 ms a 256-row chunk against 1.2 for subtracting the maximum, exp_ and a sum
             p = torch.ops.aten._softmax.out(z, -1, False, out=z)  # rows x V: p_ij, in z's memory
             # at the row's maximum p = exp(0) / sum_j exp(x_ij - max_i), so -log of p's maximum is that sum's log
             lse = row_max - p.amax(-1).log()  # rows: log sum_j exp x_ij
@@ -193,7 +193,7 @@ class _ProjectedLabelSmoothed(torch.autograd.Function):
             if not with_grad:
                 continue
             # p becomes d loss / d logits = (on_target + V eps_i) g p_ij - eps_i g - on_target g [j = t_i], with
-            # g = 1 on a counted row: scalar passes (an addcmul of rows x 1 factors broadcast took 4x as long)
+            # g = 1 on a counted row: scalar passes (an addcmul of rows x 1 factors broadcast took 5x as long)
             p.mul_(on_target + vocab * eps_i).sub_(eps_i)
             p.scatter_add_(1, tc, p.new_full((p.size(0), 1), -on_target))
             if not bool(kc.all()):
