@@ -228,20 +228,27 @@ def _onednn_linear_flops(x_shape, *_, out_shape=None, **__):
     return 2 * rows * x_shape[-1] * out_shape[-1]
 
 
-def count_flops(fn: Callable[[], object]) -> int:
-    """FLOPs of one call, counting matmuls, bmm, conv_tbc and oneDNN's linear (torch's counter knows neither).
+# what torch's counter does not know: conv_tbc, and the in-place addmm_ per kernel tap its backward is made of
+# (counted as they come), and oneDNN's linear
+_FLOP_MAPPING = {
+    torch.ops.aten.conv_tbc: _conv_tbc_flops,
+    torch.ops.aten.addmm_: _addmm_inplace_flops,
+    torch.ops.mkldnn._linear_pointwise: _onednn_linear_flops,
+}
 
-    conv_tbc's backward is a composite of in-place ``addmm_`` per kernel tap, which the counter does not know
-    either, so those are counted as they come.
-    """
-    mapping = {
-        torch.ops.aten.conv_tbc: _conv_tbc_flops,
-        torch.ops.aten.addmm_: _addmm_inplace_flops,
-        torch.ops.mkldnn._linear_pointwise: _onednn_linear_flops,
-    }
-    with FlopCounterMode(display=False, custom_mapping=mapping) as counter:
+
+def count_flops(fn: Callable[[], object]) -> int:
+    """FLOPs of one call, counting matmuls, bmm, conv_tbc and oneDNN's linear (torch's counter knows neither)."""
+    with FlopCounterMode(display=False, custom_mapping=_FLOP_MAPPING) as counter:
         fn()
     return counter.get_total_flops()
+
+
+@functools.lru_cache(maxsize=None)
+def flop_formulas() -> Dict[object, Callable[..., int]]:
+    """{aten operator packet: formula(*args, out_val=out, **kwargs) -> FLOPs}: torch's, with ``count_flops``'s
+    additions, for counting one call at a time."""
+    return dict(FlopCounterMode(display=False, custom_mapping=_FLOP_MAPPING).flop_registry)
 
 
 # ---- the machine ---------------------------------------------------------------------------------------------

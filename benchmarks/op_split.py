@@ -10,13 +10,14 @@ updates ran faster than the alternated ones (a drift of the shared machine betwe
 FLOP counter (``measure.count_flops``) and the 2048^3 matmul peak of the same run it prints what the products
 reach, and what the rest of convs2s's update may cost at most for it to run at 1.3x fconv's speed: the issue's
 training target. Unlike ``torch.profiler`` (``benchmarks.profile``), the timer adds its overhead outside the timed
-calls, not to them.
+calls, not to them. Each model's products are listed by operand shapes too (``--products``, the slowest first),
+with their FLOPs and the share of the peak each reaches: which products run below the matmul's pace.
 """
 
 import argparse
 import time
 from collections import defaultdict
-from typing import Dict
+from typing import Dict, List, Tuple
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -34,19 +35,31 @@ TARGET = 1.3
 
 
 class OperatorTimer(TorchDispatchMode):
-    """Seconds and calls per aten operator (by name, all overloads together) while active."""
+    """Seconds and calls per aten operator (by name, all overloads together) while active; with ``by_shape``,
+    also seconds, calls and FLOPs per product and operand shapes (``products``)."""
 
-    def __init__(self):
+    def __init__(self, by_shape: bool = False):
         super().__init__()
         self.seconds: Dict[str, float] = defaultdict(float)
         self.calls: Dict[str, int] = defaultdict(int)
+        self.by_shape = by_shape
+        self.products: Dict[Tuple[str, tuple], List[float]] = defaultdict(lambda: [0.0, 0, 0])  # s, calls, FLOPs
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         start = time.perf_counter()
         out = func(*args, **(kwargs or {}))
+        seconds = time.perf_counter() - start
         name = func.overloadpacket.__name__
-        self.seconds[name] += time.perf_counter() - start
+        self.seconds[name] += seconds
         self.calls[name] += 1
+        if self.by_shape and name in PRODUCTS:
+            shapes = tuple(tuple(a.shape) for a in args if isinstance(a, torch.Tensor))
+            formula = measure.flop_formulas().get(func.overloadpacket)  # (every product of an update has one)
+            flops = formula(*args, **(kwargs or {}), out_val=out) if formula else 0
+            entry = self.products[(name, shapes)]
+            entry[0] += seconds
+            entry[1] += 1
+            entry[2] += flops
         return out
 
     def split(self) -> Dict[str, float]:
@@ -54,10 +67,30 @@ class OperatorTimer(TorchDispatchMode):
         products = sum(s for name, s in self.seconds.items() if name in PRODUCTS)
         return {"products": products, "other": sum(self.seconds.values()) - products}
 
+    def product_rows(self, runs: int, peak: float) -> List[Dict[str, object]]:
+        """Per product and operand shapes, slowest first: calls, seconds and FLOPs per run, GFLOP/s and the
+        share of ``peak`` (GFLOP/s) they reach."""
+        rows = []
+        for (name, shapes), (seconds, calls, flops) in self.products.items():
+            rate = flops / seconds / 1e9 if seconds else 0.0
+            rows.append(
+                {
+                    "op": name,
+                    "shapes": shapes,
+                    "calls": calls // runs,
+                    "seconds": seconds / runs,
+                    "gflop": flops / runs / 1e9,
+                    "gflops": rate,
+                    "of_peak": rate / peak,
+                }
+            )
+        return sorted(rows, key=lambda r: -r["seconds"])
 
-def split_update(step, runs: int) -> Dict[str, object]:
-    """Per update: seconds in products and in other operators, operator calls, and the top operators."""
-    timer = OperatorTimer()
+
+def split_update(step, runs: int, peak: float) -> Dict[str, object]:
+    """Per update: seconds in products and in other operators, operator calls, the top operators, and the
+    products by operand shapes (``OperatorTimer.product_rows``)."""
+    timer = OperatorTimer(by_shape=True)
     with timer:
         for _ in range(runs):
             step()
@@ -67,6 +100,7 @@ def split_update(step, runs: int) -> Dict[str, object]:
         **split,
         "calls": sum(timer.calls.values()) // runs,
         "top": [(name, s / runs, timer.calls[name] // runs) for name, s in top],
+        "products_by_shape": timer.product_rows(runs, peak),
     }
 
 
@@ -75,6 +109,7 @@ def main(argv=None) -> None:
     p.add_argument("--sizes", default="iwslt", help=f"comma-separated, of {sorted(SIZES)}")
     p.add_argument("--repeats", type=int, default=7, help="timed updates per model (medians), and timed runs")
     p.add_argument("--keep-freed-memory", action="store_true", help="as python -m fairseq_convs2s.train on a CPU")
+    p.add_argument("--products", type=int, default=8, help="product shapes listed per model, slowest first")
     args = p.parse_args(argv)
     cpu = torch.device("cpu")
     kept = args.keep_freed_memory and keep_freed_memory()
@@ -97,7 +132,7 @@ def main(argv=None) -> None:
         rows = {}
         for name, step in steps.items():
             wall = measure.median(times[name])
-            split = split_update(step, args.repeats)
+            split = split_update(step, args.repeats, peak)
             gflop = measure.count_flops(step.forward_backward) / 1e9
             rows[name] = {"wall": wall, "gflop": gflop, **split}
             rest = wall - split["products"] - split["other"]
@@ -109,6 +144,12 @@ def main(argv=None) -> None:
             )
             for op, seconds, calls in split["top"]:
                 print(f"  {op:32s} {seconds * 1e3:7.1f} ms {calls:5d} calls{'  (product)' if op in PRODUCTS else ''}")
+            print(f"  its products by operand shapes, the {args.products} slowest:")
+            for r in split["products_by_shape"][: args.products]:
+                print(
+                    f"    {r['op']:18s} {r['seconds'] * 1e3:7.1f} ms {r['calls']:3d} calls {r['gflops']:5.0f} "
+                    f"GFLOP/s ({r['of_peak']:4.0%})  {' '.join('x'.join(map(str, s)) for s in r['shapes'])}"
+                )
         f, c = rows["fconv"], rows["convs2s"]
         budget = f["wall"] / TARGET
         print(

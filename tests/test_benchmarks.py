@@ -241,6 +241,26 @@ def test_operator_timer_splits_products_from_other_operators_forward_and_backwar
     assert split["other"] == pytest.approx(sum(timer.seconds.values()) - timer.seconds["mm"])
     assert split["products"] > 0 and split["other"] > 0
     assert {"_linear_pointwise", "addmm_", "conv_tbc"} <= PRODUCTS  # oneDNN's linear, conv_tbc's backward, fconv's
+    assert not timer.products  # shapes only when asked for
+
+
+def test_operator_timer_counts_each_product_shape_with_its_flops():
+    x = torch.randn(32, 16, requires_grad=True)
+    w = torch.randn(24, 16, requires_grad=True)
+    timer = OperatorTimer(by_shape=True)
+    with timer:
+        for _ in range(2):  # two runs: the rows are per run
+            torch.sigmoid(weight_norm.training_linear(x, w, None)).sum().backward()
+    rows = timer.product_rows(runs=2, peak=1.0)
+    # the forward x w^T, the input gradient g w and the weight gradient g^T x: 2 x 32 x 16 x 24 FLOPs each
+    assert sorted(r["shapes"] for r in rows) == sorted(
+        [((32, 16), (16, 24)), ((32, 24), (24, 16)), ((24, 32), (32, 16))]
+    )
+    for r in rows:
+        assert (r["op"], r["calls"], r["gflop"]) == ("mm", 1, 2 * 32 * 16 * 24 / 1e9)
+        assert r["gflops"] == pytest.approx(r["gflop"] / r["seconds"]) and r["of_peak"] == r["gflops"]
+    assert [r["seconds"] for r in rows] == sorted((r["seconds"] for r in rows), reverse=True)
+    assert sum(r["seconds"] for r in rows) == pytest.approx(timer.seconds["mm"] / 2)
 
 
 def test_against_revision_loads_a_module_as_committed_beside_todays():
