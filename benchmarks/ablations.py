@@ -9,6 +9,10 @@ of the convs2s_iwslt_de_en size with, in turn:
   of the decoder's folded products, looked up once per pass;
 - ``unfused-weight-norm``: training weight norm as a norm, a division and two products instead of torch's kernel.
 Each variant is timed alternately with the unchanged model (medians); the ratio is what the optimization buys.
+
+``--compiled-steps`` instead times beam-5 generation (batch 1) of the model prepared as fairseq-generate prepares
+it, its decoder's forward, every decoding step, through ``torch.compile`` (inductor), against the same prepared
+model run eagerly: the first compiled run (which compiles) apart, then alternated, hypotheses compared.
 """
 
 import argparse
@@ -79,12 +83,23 @@ def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--threads", type=int, default=0)
     p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--compiled-steps", action="store_true", help="only the compiled decoding steps against eager")
     args = p.parse_args(argv)
     measure.use_threads(args.threads)
     cpu = torch.device("cpu")
     size = SIZES["iwslt"]
     dictionary = make_dictionary(size.vocab)
     _, model = build_pair(size, dictionary, dropout=0.2)
+    if args.compiled_steps:
+        samples = measure.source_batches(dictionary, 16, 25, 1, cpu)
+        first, times, same = compiled_steps(model, dictionary, samples, 25, args.repeats)
+        print(
+            f"torch threads {torch.get_num_threads()}; generate beam 5 batch 1, prepared as fairseq-generate "
+            f"prepares: compiled steps {times['compiled']:.3f}s vs eager {times['eager']:.3f}s = "
+            f"{times['compiled'] / times['eager']:.2f}x (median of {args.repeats}); the first compiled run, "
+            f"compiling, {first:.1f}s; the same hypotheses: {same}"
+        )
+        return
     sample = measure.train_sample(dictionary, 64, 25, cpu)
     step = measure.TrainStep(model, sample, dictionary.pad())
     print(f"torch threads {torch.get_num_threads()}; ratio = variant time / unchanged time (median)")
@@ -96,6 +111,27 @@ def main(argv=None) -> None:
             _report(f"generate beam 5 batch {batch}", name, run, args.repeats)
     model.train()
     _report("train update (64 x 26 tokens)", "unfused-weight-norm", step, args.repeats)
+
+
+def compiled_steps(model, dictionary, samples, out_len: int, repeats: int, backend: str = "inductor"):
+    """Beam-5 generation of ``samples`` by ``model`` prepared as fairseq-generate prepares it, its decoder's
+    forward through ``torch.compile``, against the same prepared model eager: (seconds of the first compiled
+    run, which compiles; the medians of the alternated runs, {"eager": s, "compiled": s}; whether both give the
+    same hypotheses)."""
+    eager = measure.prepare_for_generation(model, 5)
+    compiled = measure.prepare_for_generation(model, 5)
+    # fairseq's beam search calls model.decoder.forward for every step
+    compiled.decoder.forward = torch.compile(compiled.decoder.forward, backend=backend)
+    run_eager, eager_out = measure.generator_fn(eager, dictionary, samples, 5, out_len)
+    run_compiled, compiled_out = measure.generator_fn(compiled, dictionary, samples, 5, out_len)
+    start = time.perf_counter()
+    run_compiled()
+    first = time.perf_counter() - start
+    times = measure.alternate(
+        {"eager": run_eager, "compiled": run_compiled}, repeats, warmup=1, device=torch.device("cpu")
+    )
+    medians = {name: measure.median(t) for name, t in times.items()}
+    return first, medians, eager_out["hyps"] == compiled_out["hyps"]
 
 
 def _report(what: str, variant: str, fn, repeats: int) -> None:

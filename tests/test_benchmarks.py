@@ -11,6 +11,8 @@ import torch.nn.functional as F
 from cli_helpers import make_splits, preprocess
 from utils import build_model
 
+from benchmarks import measure
+from benchmarks.ablations import compiled_steps
 from benchmarks.against_revision import module_at
 from benchmarks.chunk_forms import main as chunk_forms_main
 from benchmarks.measure import count_flops
@@ -287,3 +289,13 @@ def test_chunk_forms_times_every_piece_in_each_form(capsys):
         "weight gradient (all chunks)",
     }
     assert "W^T a view" in pieces["input gradient (all chunks)"] and "addcmul" in pieces["gradient (a chunk)"]
+
+
+def test_compiled_steps_times_compiled_decoding_against_eager_with_the_same_hypotheses():
+    torch.manual_seed(0)
+    model = build_model(dropout=0.2)  # (prepared for generation: eval, no dropout)
+    dictionary = model.decoder.dictionary
+    samples = measure.source_batches(dictionary, 2, 5, 1, torch.device("cpu"))
+    first, times, same = compiled_steps(model, dictionary, samples, out_len=6, repeats=1, backend="aot_eager")
+    assert same and first > 0 and set(times) == {"eager", "compiled"} and min(times.values()) > 0
+    assert model.training  # the model itself left as it was: both sides are prepared copies
