@@ -86,7 +86,7 @@ class OperatorTimer(TorchDispatchMode):
 
 
 def split_update(step, runs: int) -> Dict[str, object]:
-    """Per update: seconds in products and in other operators, operator calls, the top operators, and the
+    """Per update: seconds in products and in other operators, the other operators' calls, the top operators, and the
     products by operand shapes (``OperatorTimer.product_rows``)."""
     timer = OperatorTimer(by_shape=True)
     with timer:
@@ -96,7 +96,7 @@ def split_update(step, runs: int) -> Dict[str, object]:
     top = sorted(timer.seconds.items(), key=lambda kv: -kv[1])[:8]
     return {
         **split,
-        "calls": sum(timer.calls.values()) // runs,
+        "calls": sum(c for name, c in timer.calls.items() if name not in PRODUCTS) // runs,
         "top": [(name, s / runs, timer.calls[name] // runs) for name, s in top],
         "products_by_shape": timer.product_rows(runs),
     }
@@ -137,18 +137,18 @@ def main(argv=None) -> None:
         peak = max(peak, measure.matmul_peak(torch.float32, cpu))
         print(f"\n{size_name}: fp32 matmul peak {peak:.0f} GFLOP/s (the higher of the start's and now)")
         for name, row in rows.items():
-            wall, gflop, split = row["wall"], row["gflop"], row
-            rest = wall - split["products"] - split["other"]
+            wall, gflop = row["wall"], row["gflop"]
+            rest = wall - row["products"] - row["other"]
             print(
-                f"\n{size_name} {name}: update {wall * 1e3:.0f} ms = products {split['products'] * 1e3:.0f} ms "
-                f"({gflop:.1f} GFLOP at {gflop / split['products']:.0f} GFLOP/s, "
-                f"{gflop / split['products'] / peak:.0%} of the peak) + {split['calls']} other operator calls "
-                f"{split['other'] * 1e3:.0f} ms + the rest (Python, dispatch, drift) {rest * 1e3:.0f} ms"
+                f"\n{size_name} {name}: update {wall * 1e3:.0f} ms = products {row['products'] * 1e3:.0f} ms "
+                f"({gflop:.1f} GFLOP at {gflop / row['products']:.0f} GFLOP/s, "
+                f"{gflop / row['products'] / peak:.0%} of the peak) + {row['calls']} other operator calls "
+                f"{row['other'] * 1e3:.0f} ms + the rest (Python, dispatch, drift) {rest * 1e3:.0f} ms"
             )
-            for op, seconds, calls in split["top"]:
+            for op, seconds, calls in row["top"]:
                 print(f"  {op:32s} {seconds * 1e3:7.1f} ms {calls:5d} calls{'  (product)' if op in PRODUCTS else ''}")
             print(f"  its products by operand shapes, the {args.products} slowest:")
-            for r in split["products_by_shape"][: args.products]:
+            for r in row["products_by_shape"][: args.products]:
                 print(
                     f"    {r['op']:18s} {r['seconds'] * 1e3:7.1f} ms {r['calls']:3d} calls {r['gflops']:5.0f} "
                     f"GFLOP/s ({r['gflops'] / peak:4.0%})  {' '.join('x'.join(map(str, s)) for s in r['shapes'])}"

@@ -16,7 +16,7 @@ from benchmarks.ablations import compiled_steps
 from benchmarks.against_revision import module_at
 from benchmarks.chunk_forms import main as chunk_forms_main
 from benchmarks.measure import count_flops
-from benchmarks.op_split import PRODUCTS, OperatorTimer
+from benchmarks.op_split import PRODUCTS, OperatorTimer, split_update
 from benchmarks.real_batches import main as real_batches_main
 from benchmarks.report import render
 from benchmarks.risk_update import VARIANTS as RISK_VARIANTS
@@ -263,6 +263,14 @@ def test_operator_timer_counts_each_product_shape_with_its_flops():
         assert r["gflops"] == pytest.approx(r["gflop"] / r["seconds"])
     assert [r["seconds"] for r in rows] == sorted((r["seconds"] for r in rows), reverse=True)
     assert sum(r["seconds"] for r in rows) == pytest.approx(timer.seconds["mm"] / 2)
+    one = OperatorTimer()
+    with one:
+        torch.sigmoid(weight_norm.training_linear(x, w, None)).sum().backward()
+    split = split_update(lambda: torch.sigmoid(weight_norm.training_linear(x, w, None)).sum().backward(), runs=2)
+    assert split["calls"] == sum(one.calls.values()) - one.calls["mm"]  # the other operators' calls, per run
+    assert sorted((r["shapes"], r["calls"]) for r in split["products_by_shape"]) == sorted(
+        (r["shapes"], 1) for r in rows
+    )
 
 
 def test_against_revision_loads_a_module_as_committed_beside_todays():
