@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from cli_helpers import make_splits, preprocess
 from utils import build_model
 
-from benchmarks import measure
+from benchmarks import alone, measure
 from benchmarks.ablations import compiled_steps
 from benchmarks.against_revision import module_at
 from benchmarks.chunk_forms import main as chunk_forms_main
@@ -307,3 +307,14 @@ def test_compiled_steps_times_compiled_decoding_against_eager_with_the_same_hypo
     first, times, same = compiled_steps(model, dictionary, samples, out_len=6, repeats=1, backend="aot_eager")
     assert same and first > 0 and set(times) == {"eager", "compiled"} and min(times.values()) > 0
     assert model.training  # the model itself left as it was: both sides are prepared copies
+
+
+def test_alone_times_a_variant_in_a_fresh_process():
+    # in this process: the updates after the untimed ones, each timed
+    seconds = alone.update_seconds("convs2s-fused", "iwslt", updates=2, warmup=1)
+    assert len(seconds) == 2 and min(seconds) > 0
+    # the worker the script starts per variant and round: its own process, the update times on its last line
+    args = SimpleNamespace(updates=1, keep_freed_memory=True)
+    from_worker = alone._worker("fconv", "iwslt", args)
+    assert len(from_worker) == 1 and from_worker[0] > 0
+    assert set(alone.VARIANTS) == {"fconv", "convs2s", "convs2s-fused"}

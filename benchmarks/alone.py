@@ -1,0 +1,95 @@
+"""Each model's training update in a process of its own, as one ``fairseq-train`` run has it.
+
+``python -m benchmarks.alone [--sizes iwslt] [--rounds 3] [--updates 15] [--keep-freed-memory]`` starts, per
+round, one fresh Python process per variant, in turn: fconv with fairseq's ``label_smoothed_cross_entropy``,
+convs2s with it, and convs2s with the plugin's fused criterion (the harness's pair, ``benchmarks.pair``: the same
+weights; 64 x 26 target tokens, dropout 0.2, backward, clip 0.1, NAG: ``measure.TrainStep``). Each process
+builds its models, runs two updates untimed, then times ``--updates`` updates one after the other and reports
+their median; the variants' figures are the medians over the rounds. The other training benchmarks alternate
+both models' updates in one process, where one model's allocations shape the malloc state the next update
+meets (glibc's mmap threshold moves with what was freed last); here no update runs beside another model.
+"""
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Dict, List
+
+import torch
+
+from fairseq_convs2s.train import keep_freed_memory
+
+from . import measure
+from .pair import SIZES, build_pair, make_dictionary
+
+# variant: (model, the fused criterion)
+VARIANTS = {"fconv": ("fconv", False), "convs2s": ("convs2s", False), "convs2s-fused": ("convs2s", True)}
+
+
+def update_seconds(variant: str, size_name: str, updates: int, warmup: int = 2) -> List[float]:
+    """Seconds of each of ``updates`` consecutive training updates of ``variant`` at ``size_name``, after
+    ``warmup`` untimed ones; the other model of the pair is dropped before the first update."""
+    model_name, fused = VARIANTS[variant]
+    size = SIZES[size_name]
+    dictionary = make_dictionary(size.vocab)
+    fconv, convs2s = build_pair(size, dictionary, dropout=0.2)
+    model = fconv if model_name == "fconv" else convs2s
+    del fconv, convs2s
+    cpu = torch.device("cpu")
+    step = measure.TrainStep(model, measure.train_sample(dictionary, 64, 25, cpu), dictionary.pad(), fused_loss=fused)
+    for _ in range(warmup):
+        step()
+    seconds = []
+    for _ in range(updates):
+        start = time.perf_counter()
+        step()
+        seconds.append(time.perf_counter() - start)
+    return seconds
+
+
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--sizes", default="iwslt", help=f"comma-separated, of {sorted(SIZES)}")
+    p.add_argument("--rounds", type=int, default=3, help="fresh processes per variant, variants in turn")
+    p.add_argument("--updates", type=int, default=15, help="timed updates per process (their median)")
+    p.add_argument("--keep-freed-memory", action="store_true", help="as python -m fairseq_convs2s.train on a CPU")
+    p.add_argument("--worker", nargs=2, metavar=("VARIANT", "SIZE"), help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    kept = args.keep_freed_memory and keep_freed_memory()
+    if args.worker:
+        print(json.dumps(update_seconds(*args.worker, args.updates)))
+        return
+    machine = measure.describe_machine(torch.device("cpu"))
+    print(
+        f"{machine['cpu']}, {machine['torch_threads']} threads, torch {machine['torch']}, commit "
+        f"{machine['git_commit']}, freed memory kept: {kept}; one process per variant and round",
+        flush=True,
+    )
+    for size_name in args.sizes.split(","):
+        medians: Dict[str, List[float]] = {v: [] for v in VARIANTS}
+        for _ in range(args.rounds):
+            for variant in VARIANTS:
+                medians[variant].append(measure.median(_worker(variant, size_name, args)))
+        ms = {v: 1e3 * measure.median(m) for v, m in medians.items()}
+        rounds = {v: ", ".join(f"{1e3 * s:.0f}" for s in m) for v, m in medians.items()}
+        for v in VARIANTS:
+            print(
+                f"{size_name} {v:14s} {ms[v]:6.0f} ms an update (rounds: {rounds[v]}), {ms['fconv'] / ms[v]:.2f}x fconv"
+            )
+
+
+def _worker(variant: str, size_name: str, args) -> List[float]:
+    cmd = [sys.executable, "-m", "benchmarks.alone", "--worker", variant, size_name, "--updates", str(args.updates)]
+    if args.keep_freed_memory:
+        cmd.append("--keep-freed-memory")
+    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=Path(__file__).resolve().parent.parent)
+    if proc.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd)} failed:\n{proc.stderr[-2000:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+if __name__ == "__main__":
+    main()
