@@ -74,10 +74,13 @@ def main(argv=None) -> None:
             for variant in VARIANTS:
                 medians[variant].append(measure.median(_worker(variant, size_name, args)))
         ms = {v: 1e3 * measure.median(m) for v, m in medians.items()}
-        rounds = {v: ", ".join(f"{1e3 * s:.0f}" for s in m) for v, m in medians.items()}
-        for v in VARIANTS:
+        for v, m in medians.items():
+            # a round's processes run within a minute or two; the machine's pace drifts more over a whole run
+            per_round = [f / s for f, s in zip(medians["fconv"], m)]
             print(
-                f"{size_name} {v:14s} {ms[v]:6.0f} ms an update (rounds: {rounds[v]}), {ms['fconv'] / ms[v]:.2f}x fconv"
+                f"{size_name} {v:14s} {ms[v]:6.0f} ms an update, {ms['fconv'] / ms[v]:.2f}x fconv's median; per "
+                f"round {', '.join(f'{1e3 * s:.0f}' for s in m)} ms, {', '.join(f'{r:.2f}' for r in per_round)}x "
+                f"(median {measure.median(per_round):.2f}x)"
             )
 
 
