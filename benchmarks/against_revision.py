@@ -74,10 +74,9 @@ def main(argv=None) -> None:
         for owner, attr, *values in swaps:
             setattr(owner, attr, values[which])
 
-    machine = measure.describe_machine(torch.device("cpu"))
     print(
-        f"{machine['cpu']}, {machine['torch_threads']} threads, freed memory kept: {kept}; {args.what} at "
-        f"{args.revision} against the working tree; ratio = old / new (median of {args.repeats})",
+        f"{measure.machine_line(kept)}; {args.what} at {args.revision} against the working tree; ratio = old / new "
+        f"(median of {args.repeats})",
         flush=True,
     )
     for size_name in args.sizes.split(","):

@@ -62,12 +62,7 @@ def main(argv=None) -> None:
     if args.worker:
         print(json.dumps(update_seconds(*args.worker, args.updates)))
         return
-    machine = measure.describe_machine(torch.device("cpu"))
-    print(
-        f"{machine['cpu']}, {machine['torch_threads']} threads, torch {machine['torch']}, commit "
-        f"{machine['git_commit']}, freed memory kept: {kept}; one process per variant and round",
-        flush=True,
-    )
+    print(f"{measure.machine_line(kept)}; one process per variant and round", flush=True)
     for size_name in args.sizes.split(","):
         medians: Dict[str, List[float]] = {v: [] for v in VARIANTS}
         for _ in range(args.rounds):

@@ -307,6 +307,15 @@ def describe_machine(device: torch.device) -> Dict[str, object]:
     return info
 
 
+def machine_line(kept: bool) -> str:
+    """One line for a CPU benchmark's output: the CPU, torch's threads, torch, the commit and the malloc setting."""
+    m = describe_machine(torch.device("cpu"))
+    return (
+        f"{m['cpu']}, {m['torch_threads']} threads, torch {m['torch']}, commit {m['git_commit']}, "
+        f"freed memory kept: {kept}"
+    )
+
+
 def _cpu_model() -> str:
     try:
         for line in open("/proc/cpuinfo"):

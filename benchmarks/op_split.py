@@ -111,12 +111,8 @@ def main(argv=None) -> None:
     args = p.parse_args(argv)
     cpu = torch.device("cpu")
     kept = args.keep_freed_memory and keep_freed_memory()
-    machine = measure.describe_machine(cpu)
     peak = measure.matmul_peak(torch.float32, cpu)
-    print(
-        f"{machine['cpu']}, {machine['torch_threads']} threads, torch {machine['torch']}, commit "
-        f"{machine['git_commit']}, freed memory kept: {kept}; fp32 2048^3 matmul peak {peak:.0f} GFLOP/s at the start"
-    )
+    print(f"{measure.machine_line(kept)}; fp32 2048^3 matmul peak {peak:.0f} GFLOP/s at the start")
     for size_name in args.sizes.split(","):
         size = SIZES[size_name]
         dictionary = make_dictionary(size.vocab)

@@ -318,3 +318,9 @@ def test_alone_times_a_variant_in_a_fresh_process():
     from_worker = alone._worker("fconv", "iwslt", args)
     assert len(from_worker) == 1 and from_worker[0] > 0
     assert set(alone.VARIANTS) == {"fconv", "convs2s", "convs2s-fused"}
+
+
+def test_machine_line_names_torch_the_commit_and_the_malloc_setting():
+    line = measure.machine_line(kept=True)
+    assert f"torch {torch.__version__}" in line and line.endswith("freed memory kept: True")
+    assert f"{torch.get_num_threads()} threads" in line and "commit " in line
