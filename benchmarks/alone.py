@@ -1,13 +1,13 @@
 """Each model's training update in a process of its own, as one ``fairseq-train`` run has it.
 
-``python -m benchmarks.alone [--sizes iwslt] [--rounds 3] [--updates 15] [--keep-freed-memory]`` starts, per
-round, one fresh Python process per variant, in turn: fconv with fairseq's ``label_smoothed_cross_entropy``,
-convs2s with it, and convs2s with the plugin's fused criterion (the harness's pair, ``benchmarks.pair``: the same
-weights; 64 x 26 target tokens, dropout 0.2, backward, clip 0.1, NAG: ``measure.TrainStep``). Each process
-builds its models, runs two updates untimed, then times ``--updates`` updates one after the other and reports
-their median; the variants' figures are the medians over the rounds. The other training benchmarks alternate
-both models' updates in one process, where one model's allocations shape the malloc state the next update
-meets (glibc's mmap threshold moves with what was freed last); here no update runs beside another model.
+``python -m benchmarks.alone [--sizes iwslt] [--rounds 3] [--updates 15] [--keep-freed-memory]`` starts, per round,
+one fresh Python process per variant, in turn: fconv with fairseq's ``label_smoothed_cross_entropy``, convs2s with
+it, and convs2s with the plugin's fused criterion (the harness's pair, ``benchmarks.pair``: the same weights; 64 x
+26 target tokens, dropout 0.2, backward, clip 0.1, NAG: ``measure.TrainStep``). Each process builds its models, runs
+two updates untimed, then times ``--updates`` updates one after the other and reports their median; the variants'
+figures are the medians over the rounds, beside each round's ratio to fconv. The other training benchmarks alternate
+both models' updates in one process, where one model's allocations shape the malloc state the next update meets
+(glibc's mmap threshold moves with what was freed last); here no update runs beside another model.
 """
 
 import argparse
