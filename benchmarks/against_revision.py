@@ -21,7 +21,7 @@ import torch
 from fairseq_convs2s.train import keep_freed_memory
 
 from . import measure
-from .pair import SIZES, build_pair, make_dictionary
+from .pair import SIZES
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -56,7 +56,7 @@ def main(argv=None) -> None:
     p.add_argument("what", help="MODULE:NAME[,NAME...], e.g. criterions.fused_label_smoothed:_X.forward")
     p.add_argument("--sizes", default="iwslt", help=f"comma-separated, of {sorted(SIZES)}")
     p.add_argument("--repeats", type=int, default=21)
-    p.add_argument("--keep-freed-memory", action="store_true", help="as python -m fairseq_convs2s.train on a CPU")
+    measure.add_malloc_flag(p)
     args = p.parse_args(argv)
     module_name, _, names = args.what.partition(":")
     module_name = module_name if module_name.startswith("fairseq_convs2s.") else f"fairseq_convs2s.{module_name}"
@@ -80,11 +80,8 @@ def main(argv=None) -> None:
         flush=True,
     )
     for size_name in args.sizes.split(","):
-        size = SIZES[size_name]
-        dictionary = make_dictionary(size.vocab)
-        _, model = build_pair(size, dictionary, dropout=0.2)
-        sample = measure.train_sample(dictionary, 64, 25, torch.device("cpu"))
-        step = measure.TrainStep(model, sample, dictionary.pad(), fused_loss=True)
+        _, model, sample, pad = measure.training_pair(size_name, torch.device("cpu"))
+        step = measure.TrainStep(model, sample, pad, fused_loss=True)
 
         def timed(which: int, step=step):
             def run():

@@ -23,7 +23,7 @@ import torch
 from fairseq_convs2s.train import keep_freed_memory
 
 from . import measure
-from .pair import SIZES, build_pair, make_dictionary
+from .pair import SIZES
 
 # variant: (model, the fused criterion)
 VARIANTS = {"fconv": ("fconv", False), "convs2s": ("convs2s", False), "convs2s-fused": ("convs2s", True)}
@@ -33,13 +33,10 @@ def update_seconds(variant: str, size_name: str, updates: int, warmup: int = 2) 
     """Seconds of each of ``updates`` consecutive training updates of ``variant`` at ``size_name``, after
     ``warmup`` untimed ones; the other model of the pair is dropped before the first update."""
     model_name, fused = VARIANTS[variant]
-    size = SIZES[size_name]
-    dictionary = make_dictionary(size.vocab)
-    fconv, convs2s = build_pair(size, dictionary, dropout=0.2)
+    fconv, convs2s, sample, pad = measure.training_pair(size_name, torch.device("cpu"))
     model = fconv if model_name == "fconv" else convs2s
     del fconv, convs2s
-    cpu = torch.device("cpu")
-    step = measure.TrainStep(model, measure.train_sample(dictionary, 64, 25, cpu), dictionary.pad(), fused_loss=fused)
+    step = measure.TrainStep(model, sample, pad, fused_loss=fused)
     for _ in range(warmup):
         step()
     seconds = []
@@ -55,7 +52,7 @@ def main(argv=None) -> None:
     p.add_argument("--sizes", default="iwslt", help=f"comma-separated, of {sorted(SIZES)}")
     p.add_argument("--rounds", type=int, default=3, help="fresh processes per variant, variants in turn")
     p.add_argument("--updates", type=int, default=15, help="timed updates per process (their median)")
-    p.add_argument("--keep-freed-memory", action="store_true", help="as python -m fairseq_convs2s.train on a CPU")
+    measure.add_malloc_flag(p)
     p.add_argument("--worker", nargs=2, metavar=("VARIANT", "SIZE"), help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     kept = args.keep_freed_memory and keep_freed_memory()

@@ -10,7 +10,7 @@ import subprocess
 import threading
 import time
 from types import SimpleNamespace
-from typing import Callable, Dict, List, Optional, Tuple
+from typing import Callable, Dict, List, NamedTuple, Optional, Tuple
 
 import torch
 from fairseq.criterions.label_smoothed_cross_entropy import label_smoothed_nll_loss
@@ -27,7 +27,7 @@ from fairseq_convs2s.criterions.fused_label_smoothed import (
 )
 from fairseq_convs2s.modules.weight_norm import training_linear
 
-from .pair import collate, random_sentences
+from .pair import SIZES, build_pair, collate, make_dictionary, random_sentences
 
 
 def use_threads(threads: int, need_onednn: bool = False) -> int:
@@ -135,6 +135,24 @@ def train_sample(dictionary, sentences: int, length: int, device, seed: int = 11
         "target": tgt.to(device),
         "ntokens": int(tgt.ne(dictionary.pad()).sum()),
     }
+
+
+class TrainingPair(NamedTuple):
+    """The harness's training update at one size: fconv and its conversion (the same weights, dropout 0.2) and
+    one batch of 64 sentences of 25 tokens plus EOS (``train_sample``), on CPU weights and ``device``'s batch."""
+
+    fconv: torch.nn.Module
+    convs2s: torch.nn.Module
+    sample: dict
+    pad: int
+
+
+def training_pair(size_name: str, device: torch.device) -> TrainingPair:
+    """:class:`TrainingPair` at ``size_name``, one of ``pair.SIZES``."""
+    size = SIZES[size_name]
+    dictionary = make_dictionary(size.vocab)
+    fconv, convs2s = build_pair(size, dictionary, dropout=0.2)
+    return TrainingPair(fconv, convs2s, train_sample(dictionary, 64, 25, device), dictionary.pad())
 
 
 class TrainStep:
@@ -305,6 +323,16 @@ def describe_machine(device: torch.device) -> Dict[str, object]:
     if device.type == "cuda":
         info["gpu"] = torch.cuda.get_device_name(device)
     return info
+
+
+def add_malloc_flag(p) -> None:
+    """``--keep-freed-memory``, the malloc setting a CPU benchmark runs its models under."""
+    p.add_argument(
+        "--keep-freed-memory",
+        action="store_true",
+        help="have malloc keep freed memory, as python -m fairseq_convs2s.train does on a CPU (for every model); "
+        "by default glibc's own setting, as stock fairseq-train runs",
+    )
 
 
 def machine_line(kept: bool) -> str:

@@ -25,7 +25,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from fairseq_convs2s.train import keep_freed_memory
 
 from . import measure
-from .pair import SIZES, build_pair, make_dictionary
+from .pair import SIZES
 
 # the matrix products of an update: torch's and oneDNN's, conv_tbc (fconv's convolutions) and its backward
 PRODUCTS = frozenset(
@@ -106,7 +106,7 @@ def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--sizes", default="iwslt", help=f"comma-separated, of {sorted(SIZES)}")
     p.add_argument("--repeats", type=int, default=7, help="timed updates per model (medians), and timed runs")
-    p.add_argument("--keep-freed-memory", action="store_true", help="as python -m fairseq_convs2s.train on a CPU")
+    measure.add_malloc_flag(p)
     p.add_argument("--products", type=int, default=8, help="product shapes listed per model, slowest first")
     args = p.parse_args(argv)
     cpu = torch.device("cpu")
@@ -114,13 +114,10 @@ def main(argv=None) -> None:
     peak = measure.matmul_peak(torch.float32, cpu)
     print(f"{measure.machine_line(kept)}; fp32 2048^3 matmul peak {peak:.0f} GFLOP/s at the start")
     for size_name in args.sizes.split(","):
-        size = SIZES[size_name]
-        dictionary = make_dictionary(size.vocab)
-        fconv, convs2s = build_pair(size, dictionary, dropout=0.2)
-        sample = measure.train_sample(dictionary, 64, 25, cpu)
+        fconv, convs2s, sample, pad = measure.training_pair(size_name, cpu)
         steps = {
-            "fconv": measure.TrainStep(fconv, sample, dictionary.pad()),
-            "convs2s": measure.TrainStep(convs2s, sample, dictionary.pad(), fused_loss=True),
+            "fconv": measure.TrainStep(fconv, sample, pad),
+            "convs2s": measure.TrainStep(convs2s, sample, pad, fused_loss=True),
         }
         times = measure.alternate(steps, args.repeats, warmup=1, device=cpu)
         rows = {}

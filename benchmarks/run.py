@@ -45,18 +45,9 @@ def parse_args(argv=None):
         help="only the time split of beam-5 generation (and its bound) for these cells, e.g. wmt_en_de:128; "
         "printed and written to split_<device>.json, BENCHMARKS.md left alone",
     )
-    add_malloc_flag(p)
+    measure.add_malloc_flag(p)
     p.add_argument("--memory-worker", nargs=2, metavar=("IMPL", "SIZE"), help=argparse.SUPPRESS)
     return p.parse_args(argv)
-
-
-def add_malloc_flag(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "--keep-freed-memory",
-        action="store_true",
-        help="have malloc keep freed memory, as python -m fairseq_convs2s.train does on a CPU (for both models); "
-        "by default glibc's own setting, as stock fairseq-train runs",
-    )
 
 
 def describe_run(args, device) -> Dict:

@@ -34,7 +34,6 @@ from fairseq_convs2s.models import decoder
 from fairseq_convs2s.modules import dropout, weight_norm
 
 from . import measure
-from .pair import SIZES, build_pair, make_dictionary
 
 
 class _AllOneDNNLinear(weight_norm._OneDNNLinear):
@@ -149,11 +148,8 @@ def main(argv=None) -> None:
     where = machine.get("gpu", f"{machine['cpu']}, {machine['torch_threads']} torch threads")
     print(f"{where}, torch {machine['torch']}, {args.dtype}; ratio = variant time / unchanged time (median)")
     for size_name in args.sizes.split(","):
-        size = SIZES[size_name]
-        dictionary = make_dictionary(size.vocab)
-        _, model = build_pair(size, dictionary, dropout=0.2)
-        sample = measure.train_sample(dictionary, 64, 25, device)
-        step = measure.TrainStep(model.to(device), sample, dictionary.pad(), DTYPES[args.dtype], fused_loss=True)
+        _, model, sample, pad = measure.training_pair(size_name, device)
+        step = measure.TrainStep(model.to(device), sample, pad, DTYPES[args.dtype], fused_loss=True)
         for name in variants:
             variant = VARIANTS[name]
 

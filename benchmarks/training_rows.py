@@ -14,7 +14,7 @@ from pathlib import Path
 
 import torch
 
-from . import run
+from . import measure, run
 from .pair import SIZES
 
 
@@ -26,7 +26,7 @@ def main(argv=None) -> None:
     p.add_argument("--sizes", default="iwslt,wmt_en_de", help=f"comma-separated, of {sorted(SIZES)}")
     p.add_argument("--quick", action="store_true", help="16 sentences an update, 2 repeats: to check the script")
     p.add_argument("--out", default=None, help="JSON file (default benchmarks/results/training_<device>.json)")
-    run.add_malloc_flag(p)
+    measure.add_malloc_flag(p)
     args = p.parse_args(argv)
     device = torch.device(args.device)
     machine = run.describe_run(args, device)
