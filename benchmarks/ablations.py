@@ -7,6 +7,8 @@ of the convs2s_iwslt_de_en size with, in turn:
 - ``mkl-linear``: inference products by MKL on the cached ``W^T`` instead of oneDNN on the packed ``W``;
 - ``module-steps``: decoding steps through the modules (each product looking its weights up per call) instead
   of the decoder's folded products, looked up once per pass;
+- ``per-step-attention``: the folded steps' attention projecting every hypothesis through W_d and W_c at every
+  step instead of once per source (``FoldedAttention``);
 - ``unfused-weight-norm``: training weight norm as a norm, a division and two products instead of torch's kernel.
 Each variant is timed alternately with the unchanged model (medians); the ratio is what the optimization buys.
 
@@ -52,6 +54,15 @@ def module_steps():
 
 
 @contextlib.contextmanager
+def per_step_attention():
+    ConvS2SDecoder.folds_attention_into_sources = False
+    try:
+        yield
+    finally:
+        ConvS2SDecoder.folds_attention_into_sources = True
+
+
+@contextlib.contextmanager
 def mkl_linear():
     original = weight_norm.ONEDNN_MIN_MACS
     weight_norm.ONEDNN_MIN_MACS = float("inf")
@@ -75,6 +86,7 @@ VARIANTS = {
     "no-fold-cache": no_fold_cache,
     "mkl-linear": mkl_linear,
     "module-steps": module_steps,
+    "per-step-attention": per_step_attention,
     "unfused-weight-norm": unfused_weight_norm,
 }
 
@@ -107,7 +119,7 @@ def main(argv=None) -> None:
         model.eval()
         samples = measure.source_batches(dictionary, 16, 25, batch, cpu)
         run, _ = measure.generator_fn(model, dictionary, samples, 5, 25)
-        for name in ("no-fold-cache", "mkl-linear", "module-steps"):
+        for name in ("no-fold-cache", "mkl-linear", "module-steps", "per-step-attention"):
             _report(f"generate beam 5 batch {batch}", name, run, args.repeats)
     model.train()
     _report("train update (64 x 26 tokens)", "unfused-weight-norm", step, args.repeats)

@@ -15,7 +15,14 @@ from ..criterions.fused_label_smoothed import (
     projected_label_smoothed_loss,
     projects_in_chunks,
 )
-from ..modules.attention import MultiStepAttention, attend
+from ..modules.attention import (
+    FoldedAttention,
+    MultiStepAttention,
+    attend,
+    attend_folded,
+    fold_source,
+    target_scores,
+)
 from ..modules.conv_block import build_blocks
 from ..modules.dropout import Dropout
 from ..modules.embedding import LearnedPositionalEmbedding, TokenEmbedding
@@ -23,6 +30,7 @@ from ..modules.weight_norm import (
     WeightNormLinear,
     current_inference_pass,
     folded_product,
+    inference_weight,
     is_compiling,
     linear_std,
 )
@@ -44,6 +52,9 @@ class ConvS2SDecoder(FairseqIncrementalDecoder):
 
     # incremental steps at inference call the folded products (False: through the modules, as in training)
     use_folded_products = True
+    # ... and their attention has W_d and W_c moved to the sources (``FoldedAttention``; False: both products
+    # at every step, folded for the pass, as benchmarks.ablations' ``per-step-attention`` times it)
+    folds_attention_into_sources = True
     # forward(..., output_rows=mask) projects only the selected positions (fused_label_smoothed, sequence_risk)
     projects_selected_rows = True
     # forward(..., output_rows=mask, loss_targets=...) returns their loss instead (fused_label_smoothed)
@@ -185,19 +196,28 @@ class ConvS2SDecoder(FairseqIncrementalDecoder):
         windows = dict(windows) if windows is not None else {}
         keep_attn = self.need_attn and not self.training
         attn_sum: Optional[Tensor] = None
+        into_sources = folded is not None and self.folds_attention_into_sources
+        if into_sources and self.num_attention_layers:
+            sources = self._folded_sources(encoder_out, folded)
+            target_part = target_scores(g, sources["scaled_keys"])  # B' x G x S, every attending layer's
         outputs = [x]
         for i, block in enumerate(self.blocks):
             products = folded.blocks[i] if folded is not None else _THROUGH_MODULES
             y, windows[str(i)] = block.glu_conv_step(x, windows.get(str(i)), products.conv)  # B x d
             if block.attention is not None:
-                y, attn = attend(
-                    y,
-                    g,
-                    *encoder_out[:4],
-                    products.query or block.attention.query_projection,
-                    products.output or block.attention.output_projection,
-                    block.attention.query_scale,
-                )  # attn: B x S
+                if into_sources:
+                    y, attn = attend_folded(
+                        y,
+                        target_part,
+                        sources[f"{i}.keys"],
+                        sources[f"{i}.score_bias"],
+                        sources[f"{i}.values"],
+                        products.attention.output_bias,
+                    )
+                elif folded is not None:
+                    y, attn = attend(y, g, *encoder_out[:4], products.query, products.output, folded.query_scale)
+                else:
+                    y, attn = block.attention(y, g, *encoder_out[:4])  # attn: B x S
                 if keep_attn:
                     attn_sum = attn if attn_sum is None else attn_sum + attn
             x = block.add_residual(y, outputs, products.residual)
@@ -264,6 +284,23 @@ class ConvS2SDecoder(FairseqIncrementalDecoder):
             self.__dict__["_folded"] = cached
         return cached[1]
 
+    def _folded_sources(self, encoder_out: ConvS2SEncoderOut, folded: "_FoldedProducts") -> Dict[str, Tensor]:
+        """What the attending layers' steps take from the sources (``attend_folded``): each layer's
+        ``fold_source`` tensors (``"{block}.keys"``, ``".score_bias"``, ``".values"``) and the keys times the
+        query scale (``"scaled_keys"``, B' x S x f) for the target embedding's part of the scores. Derived at the
+        first step into the encoder output's ``step_cache``, which beam search's reorders carry along (fresh at
+        every step for an encoder output without one)."""
+        cache = encoder_out.step_cache if encoder_out.step_cache is not None else {}
+        if "scaled_keys" not in cache:
+            tensors = encoder_out[:4]
+            for i, products in enumerate(folded.blocks):
+                if products.attention is not None:
+                    keys, score_bias, values = fold_source(products.attention, *tensors)
+                    cache[f"{i}.keys"], cache[f"{i}.score_bias"], cache[f"{i}.values"] = keys, score_bias, values
+            # every layer has the decoder's one attention scaling
+            cache["scaled_keys"] = encoder_out.keys * folded.query_scale
+        return cache
+
     def __getstate__(self):
         # copies and pickles leave the folded products behind (oneDNN's packed tensors have no storage)
         return {k: v for k, v in super().__getstate__().items() if k != "_folded"}
@@ -295,11 +332,12 @@ class _BlockProducts(NamedTuple):
 
     conv: Optional[Callable[[Tensor], Tensor]]  # B x k*in -> B x 2*out, the convolution over a window
     residual: Optional[Callable[[Tensor], Tensor]]
-    query: Optional[Callable[[Tensor], Tensor]]  # attention's W_d
-    output: Optional[Callable[[Tensor], Tensor]]  # attention's W_c
+    attention: Optional[FoldedAttention]  # W_d and W_c, moved to the sources (None: the block does not attend)
+    query: Optional[Callable[[Tensor], Tensor]]  # W_d and W_c as products at every step
+    output: Optional[Callable[[Tensor], Tensor]]
 
 
-_THROUGH_MODULES = _BlockProducts(None, None, None, None)  # every block product by the block's own modules
+_THROUGH_MODULES = _BlockProducts(None, None, None, None, None)  # every block product by the block's own modules
 
 
 class _FoldedProducts(NamedTuple):
@@ -309,20 +347,33 @@ class _FoldedProducts(NamedTuple):
     blocks: List[_BlockProducts]
     out_embed_projection: Callable[[Tensor], Tensor]
     output_projection: Callable[[Tensor], Tensor]
+    query_scale: float  # the attention's (one scaling for the decoder)
 
     @classmethod
     def of(cls, decoder: "ConvS2SDecoder") -> "_FoldedProducts":
-        blocks = []
+        blocks, query_scale = [], 1.0
         for b in decoder.blocks:
             residual = folded_product(b.residual_projection) if b.residual_projection is not None else None
-            query = output = None
+            attention = query_product = output_product = None
             if b.attention is not None:
-                query = folded_product(b.attention.query_projection)
-                output = folded_product(b.attention.output_projection)
-            blocks.append(_BlockProducts(folded_product(b.conv), residual, query, output))
+                query, output, query_scale = (
+                    b.attention.query_projection,
+                    b.attention.output_projection,
+                    b.attention.query_scale,
+                )
+                attention = FoldedAttention(
+                    inference_weight(query, False),
+                    query.bias,
+                    inference_weight(output, False),
+                    output.bias,
+                    query_scale,
+                )
+                query_product, output_product = folded_product(query), folded_product(output)
+            blocks.append(_BlockProducts(folded_product(b.conv), residual, attention, query_product, output_product))
         return cls(
             folded_product(decoder.input_projection),
             blocks,
             folded_product(decoder.out_embed_projection),
             folded_product(decoder.output_projection),
+            query_scale,
         )

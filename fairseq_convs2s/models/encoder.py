@@ -1,6 +1,6 @@
 """The ConvS2S encoder (paper 3.2): embeddings, a stack of convolutional blocks, keys and values for attention."""
 
-from typing import List, NamedTuple, Optional
+from typing import Dict, List, NamedTuple, Optional
 
 import torch
 from fairseq import utils
@@ -28,6 +28,9 @@ class ConvS2SEncoderOut(NamedTuple):
     padding_mask: Optional[Tensor]  # B x S, True at padding; None when the batch has none
     conditional_input_scale: Tensor  # B x 1 x 1: m * sqrt(1/m), m the non-pad source length
     hypotheses_per_source: int = 1
+    # at inference, what the decoder's steps derive from the sources once (each B x ...), filled by the decoder
+    # at its first step and reordered with the rest; None while training
+    step_cache: Optional[Dict[str, Tensor]] = None
 
 
 class ConvS2SEncoder(FairseqEncoder):
@@ -94,7 +97,8 @@ class ConvS2SEncoder(FairseqEncoder):
             m = torch.full((src_tokens.size(0), 1, 1), float(src_tokens.size(1)), device=z.device, dtype=z.dtype)
         else:
             m = (~padding_mask).sum(dim=1).to(z.dtype).view(-1, 1, 1)  # B x 1 x 1
-        return ConvS2SEncoderOut(z, values, padding_mask, m * torch.rsqrt(m))
+        step_cache = None if torch.is_grad_enabled() or is_compiling() else {}
+        return ConvS2SEncoderOut(z, values, padding_mask, m * torch.rsqrt(m), step_cache=step_cache)
 
     def reorder_encoder_out(self, encoder_out: ConvS2SEncoderOut, new_order: Tensor) -> ConvS2SEncoderOut:
         """Decoder row i now continues row ``new_order[i]`` (beam search expands, reorders and prunes hypotheses).
@@ -109,12 +113,14 @@ class ConvS2SEncoder(FairseqEncoder):
         sources = new_order // group if group > 1 else new_order  # the source row each new decoder row reads
         new_group = _run_length(sources)
         rows = sources[::new_group] if new_group > 1 else sources  # one per run
-        tensors = encoder_out[:4]
+        tensors, cache = encoder_out[:4], encoder_out.step_cache
         if rows.numel() != encoder_out.keys.size(0) or not torch.equal(
             rows, torch.arange(rows.numel(), device=rows.device)
         ):
             tensors = tuple(t.index_select(0, rows) if t is not None else None for t in tensors)
-        return ConvS2SEncoderOut(*tensors, hypotheses_per_source=new_group)
+            if cache is not None:
+                cache = {name: t.index_select(0, rows) for name, t in cache.items()}
+        return ConvS2SEncoderOut(*tensors, hypotheses_per_source=new_group, step_cache=cache)
 
     def max_positions(self) -> int:
         return self.embed_positions.max_positions

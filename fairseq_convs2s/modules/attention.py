@@ -1,7 +1,7 @@
 """Multi-step attention (paper 3.3): every attending decoder layer looks at the source on its own."""
 
 import math
-from typing import Callable, Optional, Tuple
+from typing import Callable, NamedTuple, Optional, Tuple
 
 import torch
 from torch import Tensor, nn
@@ -90,3 +90,71 @@ def attend(
 def value_scale_for(scaling: str) -> float:
     """The factor on the attention values: fconv hands attention (z + e) * sqrt(0.5), the paper z + e."""
     return math.sqrt(0.5) if scaling == "fconv" else 1.0
+
+
+class FoldedAttention(NamedTuple):
+    """One layer's multi-step attention for the decoding steps of an inference pass, with W_d and W_c moved
+    from the step to the source (:func:`fold_source`, :func:`attend_folded`).
+
+    Porting note (fconv): fconv projects every hypothesis's state through W_d and its conditional input through
+    W_c at every step, two d x f products per attending layer. Both are linear, so
+
+        d_i . z_j = (h_i . z_j W_d + z_j . b_d + g_i . z_j) * s,     W_c sum_j a_ij v_j = sum_j a_ij (v_j W_c^T),
+
+    and here ``z W_d`` and ``v W_c^T`` are computed once per source and layer, which leaves a step only the two
+    products with the S source positions it takes anyway (and ``g . z``, shared by every layer). The values are
+    those of the layers' products, summed in another order: equal to the modules' to float rounding.
+    """
+
+    query_weight_t: Tensor  # W_d^T: d x f
+    query_bias: Tensor  # b_d: f
+    output_weight_t: Tensor  # W_c^T: f x d
+    output_bias: Tensor  # b_c: d
+    query_scale: float
+
+
+def fold_source(
+    attention: FoldedAttention,
+    keys: Tensor,
+    values: Tensor,
+    key_padding_mask: Optional[Tensor],
+    conditional_input_scale: Tensor,
+) -> Tuple[Tensor, Tensor, Tensor]:
+    """A layer's keys, score bias and values for :func:`attend_folded`, from the encoder output (shapes as in
+    :func:`attend`): ``s z W_d`` (B' x S x d), ``s z . b_d`` with -inf at padding (B' x 1 x S), and
+    ``(z + e) W_c^T`` times the conditional-input scale (B' x S x d)."""
+    s = attention.query_scale
+    folded_keys = torch.matmul(keys, attention.query_weight_t.t()) * s  # B' x S x f @ f x d
+    score_bias = (torch.matmul(keys, attention.query_bias) * s).unsqueeze(1)  # B' x 1 x S
+    if key_padding_mask is not None:
+        score_bias = score_bias.masked_fill(key_padding_mask.unsqueeze(1), float("-inf"))
+    folded_values = torch.matmul(values, attention.output_weight_t) * conditional_input_scale  # B' x S x d
+    return folded_keys, score_bias, folded_values
+
+
+def target_scores(target_embedding: Tensor, scaled_keys: Tensor) -> Tensor:
+    """The target embedding's part of every layer's scores at a step: g: B x f, scaled_keys s z: B' x S x f ->
+    B' x G x S (B = B' * G)."""
+    g = target_embedding.view(scaled_keys.size(0), -1, target_embedding.size(-1))  # B' x G x f
+    return torch.bmm(g, scaled_keys.transpose(1, 2))
+
+
+def attend_folded(
+    h: Tensor,
+    target_part: Tensor,
+    folded_keys: Tensor,
+    score_bias: Tensor,
+    folded_values: Tensor,
+    output_bias: Tensor,
+) -> Tuple[Tensor, Tensor]:
+    """One decoding step of a layer's attention on its :func:`fold_source` tensors: h: B x d (the GLU
+    output), target_part: :func:`target_scores` (B' x G x S). Returns the new h (B x d) and the attention
+    weights (B x S), as :func:`attend` returns them."""
+    sources = folded_keys.size(0)
+    scores = torch.baddbmm(score_bias, h.view(sources, -1, h.size(-1)), folded_keys.transpose(1, 2))  # B' x G x S
+    scores = scores.add_(target_part)
+    attn = scores.softmax(dim=-1, dtype=torch.float32)  # in fp32, as attend
+    if attn.dtype != scores.dtype:
+        attn = attn.type_as(scores)
+    out = torch.baddbmm(output_bias, attn, folded_values).view_as(h)  # B' x G x d -> B x d
+    return (out + h) * math.sqrt(0.5), attn.view(h.size(0), -1)
