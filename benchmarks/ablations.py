@@ -1,7 +1,8 @@
 """What each speed-up buys: convs2s with one optimization turned off at a time, against itself.
 
-``python -m benchmarks.ablations [--threads N]`` times beam-5 generation (batch 1 and 16) and a training update
-of the convs2s_iwslt_de_en size with, in turn:
+``python -m benchmarks.ablations [--threads N] [--size iwslt] [--batches 1,16] [--variants ...]`` times beam-5
+generation (16 sentences, or one batch where larger) and a training update (unless ``--no-training``) of the
+convs2s_iwslt_de_en size (or ``--size``) with, in turn:
 - ``no-fold-cache``: weight norm re-derived on every call at inference and multiplied as ``W`` by MKL, as fconv
   does;
 - ``mkl-linear``: inference products by MKL on the cached ``W^T`` instead of oneDNN on the packed ``W``;
@@ -55,11 +56,12 @@ def module_steps():
 
 @contextlib.contextmanager
 def per_step_attention():
-    ConvS2SDecoder.folds_attention_into_sources = False
+    budget = ConvS2SDecoder.folded_attention_budget_mib
+    ConvS2SDecoder.folded_attention_budget_mib = 0
     try:
         yield
     finally:
-        ConvS2SDecoder.folds_attention_into_sources = True
+        ConvS2SDecoder.folded_attention_budget_mib = budget
 
 
 @contextlib.contextmanager
@@ -82,6 +84,7 @@ def unfused_weight_norm():
         weight_norm._WeightNorm._fold = original
 
 
+GENERATION_VARIANTS = ("no-fold-cache", "mkl-linear", "module-steps", "per-step-attention")
 VARIANTS = {
     "no-fold-cache": no_fold_cache,
     "mkl-linear": mkl_linear,
@@ -96,10 +99,16 @@ def main(argv=None) -> None:
     p.add_argument("--threads", type=int, default=0)
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--compiled-steps", action="store_true", help="only the compiled decoding steps against eager")
+    p.add_argument("--size", choices=sorted(SIZES), default="iwslt")
+    p.add_argument(
+        "--batches", default="1,16", help="generation batch sizes, comma-separated (16 sentences, or the batch)"
+    )
+    p.add_argument("--variants", default=",".join(GENERATION_VARIANTS), help="generation variants, comma-separated")
+    p.add_argument("--no-training", action="store_true", help="leave out the training update's variant")
     args = p.parse_args(argv)
     measure.use_threads(args.threads)
     cpu = torch.device("cpu")
-    size = SIZES["iwslt"]
+    size = SIZES[args.size]
     dictionary = make_dictionary(size.vocab)
     _, model = build_pair(size, dictionary, dropout=0.2)
     if args.compiled_steps:
@@ -115,12 +124,14 @@ def main(argv=None) -> None:
     sample = measure.train_sample(dictionary, 64, 25, cpu)
     step = measure.TrainStep(model, sample, dictionary.pad())
     print(f"torch threads {torch.get_num_threads()}; ratio = variant time / unchanged time (median)")
-    for batch in (1, 16):
+    for batch in (int(b) for b in args.batches.split(",")):
         model.eval()
-        samples = measure.source_batches(dictionary, 16, 25, batch, cpu)
+        samples = measure.source_batches(dictionary, max(16, batch), 25, batch, cpu)
         run, _ = measure.generator_fn(model, dictionary, samples, 5, 25)
-        for name in ("no-fold-cache", "mkl-linear", "module-steps", "per-step-attention"):
-            _report(f"generate beam 5 batch {batch}", name, run, args.repeats)
+        for name in args.variants.split(","):
+            _report(f"{args.size} generate beam 5 batch {batch}", name, run, args.repeats)
+    if args.no_training:
+        return
     model.train()
     _report("train update (64 x 26 tokens)", "unfused-weight-norm", step, args.repeats)
 

@@ -129,9 +129,13 @@ def test_inference_steps_call_folded_products_and_decode_as_the_modules(dtype):
         # float rounding: 1e-6 of logits under 0.5 in fp32, about one bf16 step (2^-9) in bf16
         atol = 1e-6 if dtype == torch.float32 else 8e-3
         torch.testing.assert_close(folded, through_modules, rtol=1e-5, atol=atol)
-        model.decoder.folds_attention_into_sources = False  # W_d and W_c as folded products at every step
+        # the attention's tensors moved to the sources: B' x S x (2 d per attending layer + f), in MiB
+        keys = model.encoder(src).keys
+        budget = keys.size(0) * keys.size(1) * (2 * 3 * 256 + 256) * keys.element_size() / 2**20
+        model.decoder.folded_attention_budget_mib = budget - 2**-20  # a byte short: W_d and W_c at every step
         torch.testing.assert_close(decode(model), through_modules, rtol=0, atol=0)
-        model.decoder.folds_attention_into_sources = True
+        model.decoder.folded_attention_budget_mib = budget
+        torch.testing.assert_close(decode(model), folded, rtol=0, atol=0)
         torch.testing.assert_close(decode(copy.deepcopy(model)), folded, rtol=0, atol=0)
         for m in model.modules():
             if isinstance(m, FairseqDropout):

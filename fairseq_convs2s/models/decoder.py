@@ -52,9 +52,10 @@ class ConvS2SDecoder(FairseqIncrementalDecoder):
 
     # incremental steps at inference call the folded products (False: through the modules, as in training)
     use_folded_products = True
-    # ... and their attention has W_d and W_c moved to the sources (``FoldedAttention``; False: both products
-    # at every step, folded for the pass, as benchmarks.ablations' ``per-step-attention`` times it)
-    folds_attention_into_sources = True
+    # ... and their attention has W_d and W_c moved to the sources (``FoldedAttention``) while the tensors that
+    # takes stay under this many MiB for the batch; past it (0: always, as benchmarks.ablations'
+    # ``per-step-attention`` times it), both products at every step, folded for the pass
+    folded_attention_budget_mib = 512
     # forward(..., output_rows=mask) projects only the selected positions (fused_label_smoothed, sequence_risk)
     projects_selected_rows = True
     # forward(..., output_rows=mask, loss_targets=...) returns their loss instead (fused_label_smoothed)
@@ -196,16 +197,15 @@ class ConvS2SDecoder(FairseqIncrementalDecoder):
         windows = dict(windows) if windows is not None else {}
         keep_attn = self.need_attn and not self.training
         attn_sum: Optional[Tensor] = None
-        into_sources = folded is not None and self.folds_attention_into_sources
-        if into_sources and self.num_attention_layers:
-            sources = self._folded_sources(encoder_out, folded)
+        sources = self._folded_sources(encoder_out, folded) if folded is not None else None
+        if sources is not None:
             target_part = target_scores(g, sources["scaled_keys"])  # B' x G x S, every attending layer's
         outputs = [x]
         for i, block in enumerate(self.blocks):
             products = folded.blocks[i] if folded is not None else _THROUGH_MODULES
             y, windows[str(i)] = block.glu_conv_step(x, windows.get(str(i)), products.conv)  # B x d
             if block.attention is not None:
-                if into_sources:
+                if sources is not None:
                     y, attn = attend_folded(
                         y,
                         target_part,
@@ -284,14 +284,22 @@ class ConvS2SDecoder(FairseqIncrementalDecoder):
             self.__dict__["_folded"] = cached
         return cached[1]
 
-    def _folded_sources(self, encoder_out: ConvS2SEncoderOut, folded: "_FoldedProducts") -> Dict[str, Tensor]:
+    def _folded_sources(self, encoder_out: ConvS2SEncoderOut, folded: "_FoldedProducts") -> Optional[Dict[str, Tensor]]:
         """What the attending layers' steps take from the sources (``attend_folded``): each layer's
         ``fold_source`` tensors (``"{block}.keys"``, ``".score_bias"``, ``".values"``) and the keys times the
         query scale (``"scaled_keys"``, B' x S x f) for the target embedding's part of the scores. Derived at the
         first step into the encoder output's ``step_cache``, which beam search's reorders carry along (fresh at
-        every step for an encoder output without one)."""
+        every step for an encoder output without one). None where no layer attends, or where these tensors
+        would pass ``folded_attention_budget_mib`` (two B' x S x d per attending layer: at the wmt_en_de size
+        about 90 KiB per source token in fp32): the steps then project through W_d and W_c."""
+        if not folded.attention_width:
+            return None
         cache = encoder_out.step_cache if encoder_out.step_cache is not None else {}
         if "scaled_keys" not in cache:
+            sources, src_len, embed_dim = encoder_out.keys.shape
+            size = sources * src_len * (2 * folded.attention_width + embed_dim) * encoder_out.keys.element_size()
+            if size > self.folded_attention_budget_mib * 2**20:
+                return None
             tensors = encoder_out[:4]
             for i, products in enumerate(folded.blocks):
                 if products.attention is not None:
@@ -348,10 +356,11 @@ class _FoldedProducts(NamedTuple):
     out_embed_projection: Callable[[Tensor], Tensor]
     output_projection: Callable[[Tensor], Tensor]
     query_scale: float  # the attention's (one scaling for the decoder)
+    attention_width: int  # the attending layers' widths summed (0: none attends)
 
     @classmethod
     def of(cls, decoder: "ConvS2SDecoder") -> "_FoldedProducts":
-        blocks, query_scale = [], 1.0
+        blocks, query_scale, attention_width = [], 1.0, 0
         for b in decoder.blocks:
             residual = folded_product(b.residual_projection) if b.residual_projection is not None else None
             attention = query_product = output_product = None
@@ -369,6 +378,7 @@ class _FoldedProducts(NamedTuple):
                     query_scale,
                 )
                 query_product, output_product = folded_product(query), folded_product(output)
+                attention_width += output.bias.numel()
             blocks.append(_BlockProducts(folded_product(b.conv), residual, attention, query_product, output_product))
         return cls(
             folded_product(decoder.input_projection),
@@ -376,4 +386,5 @@ class _FoldedProducts(NamedTuple):
             folded_product(decoder.out_embed_projection),
             folded_product(decoder.output_projection),
             query_scale,
+            attention_width,
         )

@@ -124,11 +124,11 @@ def fold_source(
     :func:`attend`): ``s z W_d`` (B' x S x d), ``s z . b_d`` with -inf at padding (B' x 1 x S), and
     ``(z + e) W_c^T`` times the conditional-input scale (B' x S x d)."""
     s = attention.query_scale
-    folded_keys = torch.matmul(keys, attention.query_weight_t.t()) * s  # B' x S x f @ f x d
-    score_bias = (torch.matmul(keys, attention.query_bias) * s).unsqueeze(1)  # B' x 1 x S
+    folded_keys = torch.matmul(keys, attention.query_weight_t.t()).mul_(s)  # B' x S x f @ f x d
+    score_bias = torch.matmul(keys, attention.query_bias).mul_(s).unsqueeze(1)  # B' x 1 x S
     if key_padding_mask is not None:
-        score_bias = score_bias.masked_fill(key_padding_mask.unsqueeze(1), float("-inf"))
-    folded_values = torch.matmul(values, attention.output_weight_t) * conditional_input_scale  # B' x S x d
+        score_bias = score_bias.masked_fill_(key_padding_mask.unsqueeze(1), float("-inf"))
+    folded_values = torch.matmul(values, attention.output_weight_t).mul_(conditional_input_scale)  # B' x S x d
     return folded_keys, score_bias, folded_values
 
 
