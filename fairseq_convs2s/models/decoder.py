@@ -47,7 +47,8 @@ class ConvS2SDecoder(FairseqIncrementalDecoder):
     Incremental decoding (beam search) keeps, per block, a window of the last ``k - 1`` block inputs and applies
     the convolution as one matrix product per step; the encoder's keys and values come in once per source. At
     inference a step calls every product with its weights folded for the pass (``_folded_products``), not
-    through the modules.
+    through the modules, and the attention's W_d and W_c have been applied to the sources once for the batch
+    (``_folded_sources``).
     """
 
     # incremental steps at inference call the folded products (False: through the modules, as in training)
@@ -365,11 +366,8 @@ class _FoldedProducts(NamedTuple):
             residual = folded_product(b.residual_projection) if b.residual_projection is not None else None
             attention = query_product = output_product = None
             if b.attention is not None:
-                query, output, query_scale = (
-                    b.attention.query_projection,
-                    b.attention.output_projection,
-                    b.attention.query_scale,
-                )
+                query, output = b.attention.query_projection, b.attention.output_projection
+                query_scale = b.attention.query_scale
                 attention = FoldedAttention(
                     inference_weight(query, False),
                     query.bias,
