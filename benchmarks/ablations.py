@@ -21,6 +21,7 @@ model run eagerly: the first compiled run (which compiles) apart, then alternate
 import argparse
 import contextlib
 import time
+from unittest import mock
 
 import torch
 import torch.nn.functional as F
@@ -45,43 +46,22 @@ def no_fold_cache():
         weight_norm._WeightNorm._derived, weight_norm.inference_linear = original
 
 
-@contextlib.contextmanager
 def module_steps():
-    ConvS2SDecoder.use_folded_products = False
-    try:
-        yield
-    finally:
-        ConvS2SDecoder.use_folded_products = True
+    return mock.patch.object(ConvS2SDecoder, "use_folded_products", False)
 
 
-@contextlib.contextmanager
 def per_step_attention():
-    budget = ConvS2SDecoder.folded_attention_budget_mib
-    ConvS2SDecoder.folded_attention_budget_mib = 0
-    try:
-        yield
-    finally:
-        ConvS2SDecoder.folded_attention_budget_mib = budget
+    return mock.patch.object(ConvS2SDecoder, "folded_attention_budget_mib", 0)
 
 
-@contextlib.contextmanager
 def mkl_linear():
-    original = weight_norm.ONEDNN_MIN_MACS
-    weight_norm.ONEDNN_MIN_MACS = float("inf")
-    try:
-        yield
-    finally:
-        weight_norm.ONEDNN_MIN_MACS = original
+    return mock.patch.object(weight_norm, "ONEDNN_MIN_MACS", float("inf"))
 
 
-@contextlib.contextmanager
 def unfused_weight_norm():
-    original = weight_norm._WeightNorm._fold
-    weight_norm._WeightNorm._fold = lambda self: self.weight_v * (self.weight_g / self._norm(self.weight_v))
-    try:
-        yield
-    finally:
-        weight_norm._WeightNorm._fold = original
+    return mock.patch.object(
+        weight_norm._WeightNorm, "_fold", lambda self: self.weight_v * (self.weight_g / self._norm(self.weight_v))
+    )
 
 
 GENERATION_VARIANTS = ("no-fold-cache", "mkl-linear", "module-steps", "per-step-attention")

@@ -216,7 +216,8 @@ class ConvS2SDecoder(FairseqIncrementalDecoder):
                         products.attention.output_bias,
                     )
                 elif folded is not None:
-                    y, attn = attend(y, g, *encoder_out[:4], products.query, products.output, folded.query_scale)
+                    scale = block.attention.query_scale
+                    y, attn = attend(y, g, *encoder_out[:4], products.query, products.output, scale)
                 else:
                     y, attn = block.attention(y, g, *encoder_out[:4])  # attn: B x S
                 if keep_attn:
@@ -301,13 +302,14 @@ class ConvS2SDecoder(FairseqIncrementalDecoder):
             size = sources * src_len * (2 * folded.attention_width + embed_dim) * encoder_out.keys.element_size()
             if size > self.folded_attention_budget_mib * 2**20:
                 return None
-            tensors = encoder_out[:4]
+            tensors, query_scale = encoder_out[:4], 1.0
             for i, products in enumerate(folded.blocks):
                 if products.attention is not None:
                     keys, score_bias, values = fold_source(products.attention, *tensors)
                     cache[f"{i}.keys"], cache[f"{i}.score_bias"], cache[f"{i}.values"] = keys, score_bias, values
+                    query_scale = products.attention.query_scale
             # every layer has the decoder's one attention scaling
-            cache["scaled_keys"] = encoder_out.keys * folded.query_scale
+            cache["scaled_keys"] = encoder_out.keys * query_scale
         return cache
 
     def __getstate__(self):
@@ -356,24 +358,22 @@ class _FoldedProducts(NamedTuple):
     blocks: List[_BlockProducts]
     out_embed_projection: Callable[[Tensor], Tensor]
     output_projection: Callable[[Tensor], Tensor]
-    query_scale: float  # the attention's (one scaling for the decoder)
     attention_width: int  # the attending layers' widths summed (0: none attends)
 
     @classmethod
     def of(cls, decoder: "ConvS2SDecoder") -> "_FoldedProducts":
-        blocks, query_scale, attention_width = [], 1.0, 0
+        blocks, attention_width = [], 0
         for b in decoder.blocks:
             residual = folded_product(b.residual_projection) if b.residual_projection is not None else None
             attention = query_product = output_product = None
             if b.attention is not None:
                 query, output = b.attention.query_projection, b.attention.output_projection
-                query_scale = b.attention.query_scale
                 attention = FoldedAttention(
                     inference_weight(query, False),
                     query.bias,
                     inference_weight(output, False),
                     output.bias,
-                    query_scale,
+                    b.attention.query_scale,
                 )
                 query_product, output_product = folded_product(query), folded_product(output)
                 attention_width += output.bias.numel()
@@ -383,6 +383,5 @@ class _FoldedProducts(NamedTuple):
             blocks,
             folded_product(decoder.out_embed_projection),
             folded_product(decoder.output_projection),
-            query_scale,
             attention_width,
         )

@@ -78,13 +78,18 @@ def attend(
     scores = torch.bmm(d, keys.transpose(1, 2))  # B' x G*T x S
     if key_padding_mask is not None:
         scores = scores.masked_fill(key_padding_mask.unsqueeze(1), float("-inf"))
-    attn = scores.softmax(dim=-1, dtype=torch.float32)  # in fp32 for fp16/bf16 training
-    if attn.dtype != scores.dtype:
-        attn = attn.type_as(scores)
+    attn = _attention_weights(scores)
     conditional_input = torch.bmm(attn, values) * conditional_input_scale  # B' x G*T x f
     conditional_input = conditional_input.view(*h.shape[:-1], -1)  # B x T x f
     h = (output_projection(conditional_input) + residual) * math.sqrt(0.5)  # B x T x d
     return h, attn.view(*h.shape[:-1], src_len)
+
+
+def _attention_weights(scores: Tensor) -> Tensor:
+    """softmax over the source positions (the last dimension), taken in fp32 (for fp16/bf16) and returned in the
+    scores' dtype."""
+    attn = scores.softmax(dim=-1, dtype=torch.float32)
+    return attn.type_as(scores) if attn.dtype != scores.dtype else attn
 
 
 def value_scale_for(scaling: str) -> float:
@@ -153,8 +158,6 @@ def attend_folded(
     sources = folded_keys.size(0)
     scores = torch.baddbmm(score_bias, h.view(sources, -1, h.size(-1)), folded_keys.transpose(1, 2))  # B' x G x S
     scores = scores.add_(target_part)
-    attn = scores.softmax(dim=-1, dtype=torch.float32)  # in fp32, as attend
-    if attn.dtype != scores.dtype:
-        attn = attn.type_as(scores)
+    attn = _attention_weights(scores)
     out = torch.baddbmm(output_bias, attn, folded_values).view_as(h)  # B' x G x d -> B x d
     return (out + h) * math.sqrt(0.5), attn.view(h.size(0), -1)
