@@ -89,13 +89,13 @@ def test_beam_orders_keep_one_encoder_row_per_source():
     torch.testing.assert_close(last, full[:, -1:], atol=1e-5, rtol=1e-5)
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 def test_inference_steps_call_folded_products_and_decode_as_the_modules(dtype):
     """At inference a decoding step calls the decoder's products folded for the pass, not its modules, and
     decodes as the modules do through beam search's expand and reorder (oneDNN and MKL products both: full
-    widths; fp32 and bf16, as fairseq-generate --bf16 runs it), to the rounding of the attention's W_d and W_c
-    moved to the sources; with gradients on or a dropout retained (fairseq's --retain-dropout) it goes through
-    the modules; a copy of a model that decoded decodes exactly the same."""
+    widths; fp32, and bf16 and fp16 as fairseq-generate --bf16 and --fp16 run it), to the rounding of the
+    attention's W_d and W_c moved to the sources; with gradients on or a dropout retained (fairseq's
+    --retain-dropout) it goes through the modules; a copy of a model that decoded decodes exactly the same."""
     import copy
 
     from fairseq.modules import FairseqDropout
@@ -126,8 +126,8 @@ def test_inference_steps_call_folded_products_and_decode_as_the_modules(dtype):
         through_modules = decode(model)
         assert len(module_calls) == 6
         model.decoder.use_folded_products = True
-        # float rounding: 1e-6 of logits under 0.5 in fp32, about one bf16 step (2^-9) in bf16
-        atol = 1e-6 if dtype == torch.float32 else 8e-3
+        # float rounding, logits under 0.5: 1e-6 in fp32, about one step in bf16 (2^-9) and a few in fp16 (2^-12)
+        atol = {torch.float32: 1e-6, torch.bfloat16: 8e-3, torch.float16: 1e-3}[dtype]
         torch.testing.assert_close(folded, through_modules, rtol=1e-5, atol=atol)
         # the attention's tensors moved to the sources: B' x S x (2 d per attending layer + f), in MiB
         keys = model.encoder(src).keys
