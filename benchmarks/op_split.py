@@ -1,17 +1,18 @@
 """Where a training update's time goes, products against everything else, each operator timed as it runs.
 
-``python -m benchmarks.op_split [--sizes iwslt] [--repeats 7] [--keep-freed-memory]`` builds the harness's pair
-(``benchmarks.pair``: fconv and its conversion, the same weights), times one update of each alternately (64 x 26
-target tokens, dropout 0.2, backward, clip 0.1, NAG; fconv with fairseq's ``label_smoothed_cross_entropy``, as its
-recipes train it, convs2s with the plugin's fused criterion), then runs updates under a ``TorchDispatchMode`` that
-times every aten operator, forward and backward, around its own call: the matrix products (``PRODUCTS``) against
-all other operators; what is left of the untimed update is the rest: Python and dispatch, and whatever the timed
-updates ran faster than the alternated ones (a drift of the shared machine between the two phases). With torch's
-FLOP counter (``measure.count_flops``) and the 2048^3 matmul peak of the same run it prints what the products
-reach, and what the rest of convs2s's update may cost at most for it to run at 1.3x fconv's speed: the issue's
-training target. Unlike ``torch.profiler`` (``benchmarks.profile``), the timer adds its overhead outside the timed
-calls, not to them. Each model's products are listed by operand shapes too (``--products``, the slowest first),
-with their FLOPs and the share of the peak each reaches: which products run below the matmul's pace.
+``python -m benchmarks.op_split [--sizes iwslt] [--repeats 7] [--keep-freed-memory] [--operators 8]`` builds the
+harness's pair (``benchmarks.pair``: fconv and its conversion, the same weights), times one update of each
+alternately (64 x 26 target tokens, dropout 0.2, backward, clip 0.1, NAG; fconv with fairseq's
+``label_smoothed_cross_entropy``, as its recipes train it, convs2s with the plugin's fused criterion), then runs
+updates under a ``TorchDispatchMode`` that times every aten operator, forward and backward, around its own call: the
+matrix products (``PRODUCTS``) against all other operators; what is left of the untimed update is the rest: Python
+and dispatch, and whatever the timed updates ran faster than the alternated ones (a drift of the shared machine
+between the two phases). With torch's FLOP counter (``measure.count_flops``) and the 2048^3 matmul peak of the same
+run it prints what the products reach, and what the rest of convs2s's update may cost at most for it to run at 1.3x
+fconv's speed: the issue's training target. Unlike ``torch.profiler`` (``benchmarks.profile``), the timer adds its
+overhead outside the timed calls, not to them. Each model's products are listed by operand shapes too
+(``--products``, the slowest first), with their FLOPs and the share of the peak each reaches: which products run
+below the matmul's pace.
 """
 
 import argparse
@@ -85,15 +86,15 @@ class OperatorTimer(TorchDispatchMode):
         return sorted(rows, key=lambda r: -r["seconds"])
 
 
-def split_update(step, runs: int) -> Dict[str, object]:
-    """Per update: seconds in products and in other operators, the other operators' calls, the top operators, and the
-    products by operand shapes (``OperatorTimer.product_rows``)."""
+def split_update(step, runs: int, operators: int = 8) -> Dict[str, object]:
+    """Per update: seconds in products and in other operators, the other operators' calls, the ``operators`` slowest
+    operators, and the products by operand shapes (``OperatorTimer.product_rows``)."""
     timer = OperatorTimer(by_shape=True)
     with timer:
         for _ in range(runs):
             step()
     split = {k: v / runs for k, v in timer.split().items()}
-    top = sorted(timer.seconds.items(), key=lambda kv: -kv[1])[:8]
+    top = sorted(timer.seconds.items(), key=lambda kv: -kv[1])[:operators]
     return {
         **split,
         "calls": sum(c for name, c in timer.calls.items() if name not in PRODUCTS) // runs,
@@ -108,6 +109,7 @@ def main(argv=None) -> None:
     p.add_argument("--repeats", type=int, default=7, help="timed updates per model (medians), and timed runs")
     measure.add_malloc_flag(p)
     p.add_argument("--products", type=int, default=8, help="product shapes listed per model, slowest first")
+    p.add_argument("--operators", type=int, default=8, help="operators listed per model, slowest first")
     args = p.parse_args(argv)
     cpu = torch.device("cpu")
     kept = args.keep_freed_memory and keep_freed_memory()
@@ -122,7 +124,7 @@ def main(argv=None) -> None:
         times = measure.alternate(steps, args.repeats, warmup=1, device=cpu)
         rows = {}
         for name, step in steps.items():
-            split = split_update(step, args.repeats)
+            split = split_update(step, args.repeats, args.operators)
             gflop = measure.count_flops(step.forward_backward) / 1e9
             rows[name] = {"wall": measure.median(times[name]), "gflop": gflop, **split}
         # measured again beside the updates, the higher kept (as benchmarks.run does): one slow spell of the
