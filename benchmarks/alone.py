@@ -47,6 +47,33 @@ def update_seconds(variant: str, size_name: str, updates: int, warmup: int = 2) 
     return seconds
 
 
+def round_medians(size_name: str, rounds: int, updates: int, keep: bool) -> Dict[str, List[float]]:
+    """Per variant, the median update seconds of each round's fresh process (variants in turn within a round)."""
+    medians: Dict[str, List[float]] = {v: [] for v in VARIANTS}
+    for _ in range(rounds):
+        for variant in VARIANTS:
+            medians[variant].append(measure.median(_worker(variant, size_name, updates, keep)))
+    return medians
+
+
+def summary(medians: Dict[str, List[float]]) -> Dict[str, Dict[str, object]]:
+    """Per variant: the median over the rounds, its speed-up over fconv's median, and each round's ratio to fconv
+    with their median (a round's processes run within a minute or two; the machine's pace drifts more over a
+    whole run)."""
+    fconv = measure.median(medians["fconv"])
+    out = {}
+    for variant, m in medians.items():
+        per_round = [f / s for f, s in zip(medians["fconv"], m)]
+        out[variant] = {
+            "seconds_per_update": measure.median(m),
+            "round_seconds": m,
+            "speedup": fconv / measure.median(m),
+            "round_speedups": per_round,
+            "round_speedup_median": measure.median(per_round),
+        }
+    return out
+
+
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--sizes", default="iwslt", help=f"comma-separated, of {sorted(SIZES)}")
@@ -61,24 +88,19 @@ def main(argv=None) -> None:
         return
     print(f"{measure.machine_line(kept)}; one process per variant and round", flush=True)
     for size_name in args.sizes.split(","):
-        medians: Dict[str, List[float]] = {v: [] for v in VARIANTS}
-        for _ in range(args.rounds):
-            for variant in VARIANTS:
-                medians[variant].append(measure.median(_worker(variant, size_name, args)))
-        ms = {v: 1e3 * measure.median(m) for v, m in medians.items()}
-        for v, m in medians.items():
-            # a round's processes run within a minute or two; the machine's pace drifts more over a whole run
-            per_round = [f / s for f, s in zip(medians["fconv"], m)]
+        rows = summary(round_medians(size_name, args.rounds, args.updates, args.keep_freed_memory))
+        for v, r in rows.items():
             print(
-                f"{size_name} {v:14s} {ms[v]:6.0f} ms an update, {ms['fconv'] / ms[v]:.2f}x fconv's median; per "
-                f"round {', '.join(f'{1e3 * s:.0f}' for s in m)} ms, {', '.join(f'{r:.2f}' for r in per_round)}x "
-                f"(median {measure.median(per_round):.2f}x)"
+                f"{size_name} {v:14s} {1e3 * r['seconds_per_update']:6.0f} ms an update, {r['speedup']:.2f}x fconv's "
+                f"median; per round {', '.join(f'{1e3 * s:.0f}' for s in r['round_seconds'])} ms, "
+                f"{', '.join(f'{x:.2f}' for x in r['round_speedups'])}x (median {r['round_speedup_median']:.2f}x)"
             )
 
 
-def _worker(variant: str, size_name: str, args) -> List[float]:
-    cmd = [sys.executable, "-m", "benchmarks.alone", "--worker", variant, size_name, "--updates", str(args.updates)]
-    if args.keep_freed_memory:
+def _worker(variant: str, size_name: str, updates: int, keep: bool) -> List[float]:
+    """The update seconds of ``update_seconds`` run in a fresh Python process (malloc kept as asked)."""
+    cmd = [sys.executable, "-m", "benchmarks.alone", "--worker", variant, size_name, "--updates", str(updates)]
+    if keep:
         cmd.append("--keep-freed-memory")
     proc = subprocess.run(cmd, capture_output=True, text=True, cwd=Path(__file__).resolve().parent.parent)
     if proc.returncode != 0:

@@ -1,7 +1,8 @@
 """fconv vs convs2s, side by side, in one run: ``python -m benchmarks.run [--quick] [--device cuda]``.
 
 Both models have the same architecture and the same weights (stock fconv, then the converter), see the same
-inputs, and are timed alternately (warm-up first, medians of the repeats). Writes
+inputs, and are timed alternately (warm-up first, medians of the repeats); on a CPU the fp32 training rows are
+timed again with each model in a fresh process of its own (``--alone-rounds``, ``benchmarks.alone``). Writes
 ``benchmarks/results/<device>.json``, ``benchmarks/results/scaling_<device>.png`` and the tables in
 ``BENCHMARKS.md`` (between that device's markers).
 """
@@ -20,7 +21,7 @@ import torch
 
 from fairseq_convs2s.train import keep_freed_memory
 
-from . import measure
+from . import alone, measure
 from .pair import SIZES, build_pair, make_dictionary
 from .report import FUSED, write_markdown, write_plot
 
@@ -45,6 +46,14 @@ def parse_args(argv=None):
         help="only the time split of beam-5 generation (and its bound) for these cells, e.g. wmt_en_de:128; "
         "printed and written to split_<device>.json, BENCHMARKS.md left alone",
     )
+    p.add_argument(
+        "--alone-rounds",
+        type=int,
+        default=3,
+        help="CPU fp32 training: rounds of one fresh process per model (benchmarks.alone), as one fairseq-train "
+        "runs a single model; 0 for none",
+    )
+    p.add_argument("--alone-updates", type=int, default=5, help="timed updates per such process (their median)")
     measure.add_malloc_flag(p)
     p.add_argument("--memory-worker", nargs=2, metavar=("IMPL", "SIZE"), help=argparse.SUPPRESS)
     return p.parse_args(argv)
@@ -147,16 +156,47 @@ def training(size_name: str, args, device, peaks: Dict[str, float]) -> List[Dict
             row[name]["fraction_of_peak"] = flops / t / 1e9 / peaks[dtype_name]
         row["speedup"] = row["convs2s"]["words_per_s"] / row["fconv"]["words_per_s"]
         row["speedup_fused"] = row[FUSED]["words_per_s"] / row["fconv"]["words_per_s"]
+        del fconv, convs2s, steps
+        gc.collect()
+        if device.type == "cpu" and dtype == torch.float32 and args.alone_rounds > 0:
+            row["one_process"] = one_process(size_name, args)
         log(
             f"train {size_name} {dtype_name}: fconv {row['fconv']['words_per_s']:.0f} convs2s "
             f"{row['convs2s']['words_per_s']:.0f} words/s = {row['speedup']:.2f}x, with the fused loss "
             f"{row[FUSED]['words_per_s']:.0f} = {row['speedup_fused']:.2f}x; first loss "
             f"{row['fconv']['first_loss']:.5f} / {row['convs2s']['first_loss']:.5f} / {row[FUSED]['first_loss']:.5f}"
         )
+        if "one_process" in row:
+            r = row["one_process"]
+            log(
+                f"train {size_name} fp32, one model per process (rounds: {r['rounds']}, timed updates each: "
+                f"{r['updates']}): "
+                f"convs2s {r['speedup']:.2f}x fconv, with the fused loss {r['speedup_fused']:.2f}x (medians of "
+                f"the rounds' ratios {r['round_speedup_median']:.2f}x and {r['round_speedup_median_fused']:.2f}x)"
+            )
         rows.append(row)
-        del fconv, convs2s, steps
-        gc.collect()
     return rows
+
+
+# benchmarks.alone's variants under the training rows' keys
+ALONE_KEYS = {"fconv": "fconv", "convs2s": "convs2s", "convs2s-fused": FUSED}
+
+
+def one_process(size_name: str, args) -> Dict:
+    """The training row again with each model in a fresh process of its own (``benchmarks.alone``: 64 x 26 target
+    tokens, the run's malloc setting), as one ``fairseq-train`` run has it: in the alternation above each update
+    meets the malloc state the other models' updates left (glibc's mmap threshold moves with what was freed
+    last), which a single-model run never does. Rounds of one process per model in turn; medians over them."""
+    rounds, updates = (1, 1) if args.quick else (args.alone_rounds, args.alone_updates)
+    variants = alone.summary(alone.round_medians(size_name, rounds, updates, bool(args.keep_freed_memory)))
+    out = {"rounds": rounds, "updates": updates}
+    for variant, key in ALONE_KEYS.items():
+        out[key] = variants[variant]
+    out["speedup"] = variants["convs2s"]["speedup"]
+    out["speedup_fused"] = variants["convs2s-fused"]["speedup"]
+    out["round_speedup_median"] = variants["convs2s"]["round_speedup_median"]
+    out["round_speedup_median_fused"] = variants["convs2s-fused"]["round_speedup_median"]
+    return out
 
 
 def limits(args, device, training_rows: List[Dict], peaks: Dict[str, float]) -> Dict[str, List[Dict]]:

@@ -314,10 +314,38 @@ def test_alone_times_a_variant_in_a_fresh_process():
     seconds = alone.update_seconds("convs2s-fused", "iwslt", updates=2, warmup=1)
     assert len(seconds) == 2 and min(seconds) > 0
     # the worker the script starts per variant and round: its own process, the update times on its last line
-    args = SimpleNamespace(updates=1, keep_freed_memory=True)
-    from_worker = alone._worker("fconv", "iwslt", args)
+    from_worker = alone._worker("fconv", "iwslt", updates=1, keep=True)
     assert len(from_worker) == 1 and from_worker[0] > 0
     assert set(alone.VARIANTS) == {"fconv", "convs2s", "convs2s-fused"}
+
+
+def test_one_process_rows_take_medians_over_rounds_and_reach_the_harness_table(monkeypatch):
+    """The harness's one-model-per-process training figures: each round's process gives its median update, the
+    variants the median over rounds, the speed-ups fconv's median over theirs; the CPU table shows them."""
+    from benchmarks import run
+
+    per_process = {"fconv": [[0.6, 0.5, 0.7], [0.4]], "convs2s": [[0.5], [0.5]], "convs2s-fused": [[0.3], [0.2]]}
+    calls = []
+
+    def worker(variant, size_name, updates, keep):
+        calls.append((variant, size_name, updates, keep))
+        return per_process[variant][sum(c[0] == variant for c in calls) - 1]
+
+    monkeypatch.setattr(alone, "_worker", worker)
+    args = SimpleNamespace(quick=False, alone_rounds=2, alone_updates=3, keep_freed_memory=False)
+    r = run.one_process("iwslt", args)
+    # variants in turn within a round: fconv, convs2s, fused, then again
+    assert [c[0] for c in calls] == ["fconv", "convs2s", "convs2s-fused"] * 2
+    assert all(c[1:] == ("iwslt", 3, False) for c in calls)
+    assert r["fconv"]["round_seconds"] == [0.6, 0.4] and r["fconv"]["seconds_per_update"] == pytest.approx(0.5)
+    assert r["speedup"] == pytest.approx(1.0) and r["speedup_fused"] == pytest.approx(0.5 / 0.25)
+    assert r["round_speedup_median_fused"] == pytest.approx((2.0 + 2.0) / 2)  # 0.6/0.3 and 0.4/0.2
+    results_dir = Path(__file__).resolve().parent.parent / "benchmarks" / "results"
+    results = json.loads((results_dir / "cpu.json").read_text())
+    fp32 = next(row for row in results["training"] if row["dtype"] == "fp32")
+    fp32["one_process"] = r
+    text = render(results, results_dir / "plot.png", results_dir)
+    assert "| 1.00x / **2.00x** |" in text
 
 
 def test_machine_line_names_torch_the_commit_and_the_malloc_setting():
