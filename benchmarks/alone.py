@@ -1,13 +1,14 @@
 """Each model's training update in a process of its own, as one ``fairseq-train`` run has it.
 
-``python -m benchmarks.alone [--sizes iwslt] [--rounds 3] [--updates 15] [--keep-freed-memory]`` starts, per round,
-one fresh Python process per variant, in turn: fconv with fairseq's ``label_smoothed_cross_entropy``, convs2s with
-it, and convs2s with the plugin's fused criterion (the harness's pair, ``benchmarks.pair``: the same weights; 64 x
-26 target tokens, dropout 0.2, backward, clip 0.1, NAG: ``measure.TrainStep``). Each process builds its models, runs
-two updates untimed, then times ``--updates`` updates one after the other and reports their median; the variants'
-figures are the medians over the rounds, beside each round's ratio to fconv. The other training benchmarks alternate
-both models' updates in one process, where one model's allocations shape the malloc state the next update meets
-(glibc's mmap threshold moves with what was freed last); here no update runs beside another model.
+``python -m benchmarks.alone [--sizes iwslt] [--rounds 3] [--updates 15] [--threads 0] [--keep-freed-memory]``
+starts, per round, one fresh Python process per variant, in turn: fconv with fairseq's
+``label_smoothed_cross_entropy``, convs2s with it, and convs2s with the plugin's fused criterion (the harness's
+pair, ``benchmarks.pair``: the same weights; 64 x 26 target tokens, dropout 0.2, backward, clip 0.1, NAG:
+``measure.TrainStep``). Each process builds its models, runs two updates untimed, then times ``--updates`` updates
+one after the other and reports their median; the variants' figures are the medians over the rounds, beside each
+round's ratio to fconv. The other training benchmarks alternate both models' updates in one process, where one
+model's allocations shape the malloc state the next update meets (glibc's mmap threshold moves with what was freed
+last); here no update runs beside another model.
 """
 
 import argparse
@@ -47,12 +48,12 @@ def update_seconds(variant: str, size_name: str, updates: int, warmup: int = 2) 
     return seconds
 
 
-def round_medians(size_name: str, rounds: int, updates: int, keep: bool) -> Dict[str, List[float]]:
+def round_medians(size_name: str, rounds: int, updates: int, keep: bool, threads: int = 0) -> Dict[str, List[float]]:
     """Per variant, the median update seconds of each round's fresh process (variants in turn within a round)."""
     medians: Dict[str, List[float]] = {v: [] for v in VARIANTS}
     for _ in range(rounds):
         for variant in VARIANTS:
-            medians[variant].append(measure.median(_worker(variant, size_name, updates, keep)))
+            medians[variant].append(measure.median(_worker(variant, size_name, updates, keep, threads)))
     return medians
 
 
@@ -79,16 +80,18 @@ def main(argv=None) -> None:
     p.add_argument("--sizes", default="iwslt", help=f"comma-separated, of {sorted(SIZES)}")
     p.add_argument("--rounds", type=int, default=3, help="fresh processes per variant, variants in turn")
     p.add_argument("--updates", type=int, default=15, help="timed updates per process (their median)")
+    p.add_argument("--threads", type=int, default=0, help="torch threads in each process (0: torch's default)")
     measure.add_malloc_flag(p)
     p.add_argument("--worker", nargs=2, metavar=("VARIANT", "SIZE"), help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     kept = args.keep_freed_memory and keep_freed_memory()
+    measure.use_threads(args.threads)
     if args.worker:
         print(json.dumps(update_seconds(*args.worker, args.updates)))
         return
     print(f"{measure.machine_line(kept)}; one process per variant and round", flush=True)
     for size_name in args.sizes.split(","):
-        rows = summary(round_medians(size_name, args.rounds, args.updates, args.keep_freed_memory))
+        rows = summary(round_medians(size_name, args.rounds, args.updates, args.keep_freed_memory, args.threads))
         for v, r in rows.items():
             print(
                 f"{size_name} {v:14s} {1e3 * r['seconds_per_update']:6.0f} ms an update, {r['speedup']:.2f}x fconv's "
@@ -97,11 +100,10 @@ def main(argv=None) -> None:
             )
 
 
-def _worker(variant: str, size_name: str, updates: int, keep: bool) -> List[float]:
-    """The update seconds of ``update_seconds`` run in a fresh Python process (malloc kept as asked)."""
+def _worker(variant: str, size_name: str, updates: int, keep: bool, threads: int = 0) -> List[float]:
+    """The update seconds of ``update_seconds`` run in a fresh Python process (malloc kept and threads as asked)."""
     cmd = [sys.executable, "-m", "benchmarks.alone", "--worker", variant, size_name, "--updates", str(updates)]
-    if keep:
-        cmd.append("--keep-freed-memory")
+    cmd += ["--threads", str(threads)] + (["--keep-freed-memory"] if keep else [])
     proc = subprocess.run(cmd, capture_output=True, text=True, cwd=Path(__file__).resolve().parent.parent)
     if proc.returncode != 0:
         raise RuntimeError(f"{' '.join(cmd)} failed:\n{proc.stderr[-2000:]}")

@@ -188,7 +188,8 @@ def one_process(size_name: str, args) -> Dict:
     meets the malloc state the other models' updates left (glibc's mmap threshold moves with what was freed
     last), which a single-model run never does. Rounds of one process per model in turn; medians over them."""
     rounds, updates = (1, 1) if args.quick else (args.alone_rounds, args.alone_updates)
-    variants = alone.summary(alone.round_medians(size_name, rounds, updates, bool(args.keep_freed_memory)))
+    medians = alone.round_medians(size_name, rounds, updates, bool(args.keep_freed_memory), args.threads)
+    variants = alone.summary(medians)
     out = {"rounds": rounds, "updates": updates}
     for variant, key in ALONE_KEYS.items():
         out[key] = variants[variant]

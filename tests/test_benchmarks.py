@@ -327,16 +327,16 @@ def test_one_process_rows_take_medians_over_rounds_and_reach_the_harness_table(m
     per_process = {"fconv": [[0.6, 0.5, 0.7], [0.4]], "convs2s": [[0.5], [0.5]], "convs2s-fused": [[0.3], [0.2]]}
     calls = []
 
-    def worker(variant, size_name, updates, keep):
-        calls.append((variant, size_name, updates, keep))
+    def worker(variant, size_name, updates, keep, threads):
+        calls.append((variant, size_name, updates, keep, threads))
         return per_process[variant][sum(c[0] == variant for c in calls) - 1]
 
     monkeypatch.setattr(alone, "_worker", worker)
-    args = SimpleNamespace(quick=False, alone_rounds=2, alone_updates=3, keep_freed_memory=False)
+    args = SimpleNamespace(quick=False, alone_rounds=2, alone_updates=3, keep_freed_memory=False, threads=1)
     r = run.one_process("iwslt", args)
     # variants in turn within a round: fconv, convs2s, fused, then again
     assert [c[0] for c in calls] == ["fconv", "convs2s", "convs2s-fused"] * 2
-    assert all(c[1:] == ("iwslt", 3, False) for c in calls)
+    assert all(c[1:] == ("iwslt", 3, False, 1) for c in calls)  # the run's malloc setting and threads
     assert r["fconv"]["round_seconds"] == [0.6, 0.4] and r["fconv"]["seconds_per_update"] == pytest.approx(0.5)
     assert r["speedup"] == pytest.approx(1.0) and r["speedup_fused"] == pytest.approx(0.5 / 0.25)
     assert r["round_speedup_median_fused"] == pytest.approx((2.0 + 2.0) / 2)  # 0.6/0.3 and 0.4/0.2
