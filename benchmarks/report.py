@@ -172,7 +172,7 @@ def render(results: Dict, plot: Path, markdown_dir: Path) -> str:
                 f"**{r['speedup']:.2f}x**",
                 f"{fused['words_per_s']:.0f}" if fused else "-",
                 f"**{r['speedup_fused']:.2f}x**" if fused else "-",
-                f"{alone['speedup']:.2f}x / **{alone['speedup_fused']:.2f}x**" if alone else "-",
+                f"{alone['convs2s']['speedup']:.2f}x / **{alone[FUSED]['speedup']:.2f}x**" if alone else "-",
                 f"{r['fconv']['fraction_of_peak']:.0%} / {r['convs2s']['fraction_of_peak']:.0%}",
                 f"{r['convs2s']['gflop_per_update']:.1f} GFLOP/update",
             ]

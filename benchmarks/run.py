@@ -168,11 +168,12 @@ def training(size_name: str, args, device, peaks: Dict[str, float]) -> List[Dict
         )
         if "one_process" in row:
             r = row["one_process"]
+            c, f = r["convs2s"], r[FUSED]
             log(
                 f"train {size_name} fp32, one model per process (rounds: {r['rounds']}, timed updates each: "
-                f"{r['updates']}): "
-                f"convs2s {r['speedup']:.2f}x fconv, with the fused loss {r['speedup_fused']:.2f}x (medians of "
-                f"the rounds' ratios {r['round_speedup_median']:.2f}x and {r['round_speedup_median_fused']:.2f}x)"
+                f"{r['updates']}): convs2s {c['speedup']:.2f}x fconv, with the fused loss {f['speedup']:.2f}x "
+                f"(medians of the rounds' ratios {c['round_speedup_median']:.2f}x and "
+                f"{f['round_speedup_median']:.2f}x)"
             )
         rows.append(row)
     return rows
@@ -190,14 +191,7 @@ def one_process(size_name: str, args) -> Dict:
     rounds, updates = (1, 1) if args.quick else (args.alone_rounds, args.alone_updates)
     medians = alone.round_medians(size_name, rounds, updates, bool(args.keep_freed_memory), args.threads)
     variants = alone.summary(medians)
-    out = {"rounds": rounds, "updates": updates}
-    for variant, key in ALONE_KEYS.items():
-        out[key] = variants[variant]
-    out["speedup"] = variants["convs2s"]["speedup"]
-    out["speedup_fused"] = variants["convs2s-fused"]["speedup"]
-    out["round_speedup_median"] = variants["convs2s"]["round_speedup_median"]
-    out["round_speedup_median_fused"] = variants["convs2s-fused"]["round_speedup_median"]
-    return out
+    return {"rounds": rounds, "updates": updates, **{key: variants[v] for v, key in ALONE_KEYS.items()}}
 
 
 def limits(args, device, training_rows: List[Dict], peaks: Dict[str, float]) -> Dict[str, List[Dict]]:

@@ -338,8 +338,9 @@ def test_one_process_rows_take_medians_over_rounds_and_reach_the_harness_table(m
     assert [c[0] for c in calls] == ["fconv", "convs2s", "convs2s-fused"] * 2
     assert all(c[1:] == ("iwslt", 3, False, 1) for c in calls)  # the run's malloc setting and threads
     assert r["fconv"]["round_seconds"] == [0.6, 0.4] and r["fconv"]["seconds_per_update"] == pytest.approx(0.5)
-    assert r["speedup"] == pytest.approx(1.0) and r["speedup_fused"] == pytest.approx(0.5 / 0.25)
-    assert r["round_speedup_median_fused"] == pytest.approx((2.0 + 2.0) / 2)  # 0.6/0.3 and 0.4/0.2
+    fused = r["convs2s_fused_loss"]
+    assert r["convs2s"]["speedup"] == pytest.approx(1.0) and fused["speedup"] == pytest.approx(0.5 / 0.25)
+    assert fused["round_speedup_median"] == pytest.approx((2.0 + 2.0) / 2)  # 0.6/0.3 and 0.4/0.2
     results_dir = Path(__file__).resolve().parent.parent / "benchmarks" / "results"
     results = json.loads((results_dir / "cpu.json").read_text())
     fp32 = next(row for row in results["training"] if row["dtype"] == "fp32")
