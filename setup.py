@@ -60,10 +60,13 @@ setup(
     py_modules=["fairseq_convs2s_autoload"],
     cmdclass=commands,
     install_requires=[
-        # fairseq 0.12.2 does not import on Python 3.11 (mutable dataclass defaults); fairseq-fixed is a release
-        # of fairseq's main branch that does. Build it with --no-build-isolation against the installed torch.
-        "fairseq-fixed==0.12.3.1; python_version >= '3.11'",
-        "fairseq>=0.12.2,<0.13; python_version < '3.11'",
+        # fairseq 0.12.2 does not import on Python 3.11 (mutable dataclass defaults), and on 3.9 and 3.10 pip cannot
+        # install it (PyPI has a Linux wheel for 3.8 alone, and its source package lacks
+        # fairseq/clib/libbase/balanced_assignment.cpp). fairseq-fixed is a release of fairseq's main branch that
+        # installs and passes this plugin's tests on 3.10 to 3.13. Build it with --no-build-isolation against the
+        # installed torch.
+        "fairseq-fixed==0.12.3.1; python_version >= '3.10'",
+        "fairseq>=0.12.2,<0.13; python_version < '3.10'",
         "torch>=1.13",
         "sacrebleu>=2.0",
         "sentencepiece>=0.1.97",
