@@ -32,7 +32,9 @@ def _exercise_the_plugin() -> None:
 
     model.train()
     logits, _ = model(src, None, prev)  # B x T x V
-    loss, _ = label_smoothed_nll_loss_from_logits(logits.view(-1, logits.size(-1)), tgt.view(-1), 0.1, 1, True)
+    loss, _ = label_smoothed_nll_loss_from_logits(
+        logits.view(-1, logits.size(-1)), tgt.view(-1), 0.1, dictionary.pad(), True
+    )
     loss.backward()
     with torch.autocast("cpu", dtype=torch.bfloat16):
         model(src, None, prev)[0].float().sum().backward()
@@ -60,6 +62,9 @@ def test_training_decoding_and_checkpoints_raise_no_deprecation_warning():
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         _exercise_the_plugin()
-    found = [f"{w.category.__name__} at {w.filename}:{w.lineno}: {w.message}" for w in caught]
-    deprecated = [line for w, line in zip(caught, found) if issubclass(w.category, DEPRECATIONS)]
+    deprecated = [
+        f"{w.category.__name__} at {w.filename}:{w.lineno}: {w.message}"
+        for w in caught
+        if issubclass(w.category, DEPRECATIONS)
+    ]
     assert not deprecated, "\n".join(deprecated)
