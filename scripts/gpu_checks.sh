@@ -1,0 +1,77 @@
+#!/usr/bin/env bash
+# There, on a lent GPU machine (Python 3.12 with a CUDA torch, no registry): DEVELOPERS.md's list, one stage a call,
+# each well inside the device tool's 10 minutes, from the kit that scripts/gpu_kit.sh packed here.
+#
+#   scripts/gpu_checks.sh bench    # benchmarks.run --device cuda, then scripts/check_distributed_gpu.py (~5 min on an H200)
+#   scripts/gpu_checks.sh recipe   # the Multi30k recipe, fairseq-generate --fp16 against fp32 (~4 min)
+#   scripts/gpu_checks.sh forms    # benchmarks.train_forms: the compiled update against the eager one, bf16 and fp32
+#
+# With the device tool: run(command="scripts/gpu_checks.sh bench", carry=[".gpu_kit"]). Logs and results go to
+# $OUT (the tool's folder that comes back; ./gpu_out where it is unset), at most 8 files a stage.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+
+STAGE=${1:?usage: scripts/gpu_checks.sh bench|recipe|forms}
+KIT=${KIT:-.gpu_kit}
+OUT=${OUT:-gpu_out}
+PY=${PY:-python3}
+mkdir -p "$OUT"
+
+# fairseq and what it needs beside the machine's torch, installed beside it (never over it): --no-deps
+if ! "$PY" -c "import fairseq" 2>/dev/null; then
+  "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site "$KIT"/whl/*.whl \
+    || exit 1
+  export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
+fi
+export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
+{
+  command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
+  "$PY" -c "import sys, torch, fairseq; print('python', sys.version.split()[0], 'torch', torch.__version__,
+'fairseq', fairseq.__version__, 'cuda', torch.cuda.is_available())"
+  git log -1 --format='commit %h %s' 2>/dev/null
+} | tee "$OUT/machine.txt"
+
+step() {  # step NAME SECONDS CMD...: run CMD with a time limit, its output to $OUT/NAME.log; say how it ended
+  local name=$1 limit=$2
+  shift 2
+  echo "[gpu_checks] $name: $*"
+  local start=$SECONDS
+  timeout "$limit" "$@" >"$OUT/$name.log" 2>&1
+  local rc=$?
+  echo "[gpu_checks] $name: exit $rc after $((SECONDS - start)) s (log: $OUT/$name.log)"
+  tail -n 25 "$OUT/$name.log"
+  return $rc
+}
+
+case "$STAGE" in
+  bench)
+    step bench 330 "$PY" -m benchmarks.run --device cuda
+    cp BENCHMARKS.md benchmarks/results/cuda.json benchmarks/results/scaling_cuda.png "$OUT"/ 2>/dev/null
+    step distributed 200 "$PY" scripts/check_distributed_gpu.py
+    ;;
+  recipe)  # more arguments go to the recipe, e.g. --train-args "--max-update 20" for a trial on a CPU
+    run=outputs/multi30k_gpu
+    step recipe 300 "$PY" examples/multi30k/run.py --raw-dir "$KIT/multi30k" --out "$run" "${@:2}" || exit 1
+    for precision in fp32 fp16 fp32 fp16; do  # twice each, alternating: the first of all warms CUDA up
+      flag=$([ "$precision" = fp16 ] && echo --fp16)
+      "$PY" -m fairseq_cli.generate "$run/data-bin" --user-dir fairseq_convs2s --path "$run/checkpoints/checkpoint_avg.pt" \
+        --gen-subset test --beam 5 --batch-size 128 --required-batch-size-multiple 1 --remove-bpe sentencepiece \
+        --scoring sacrebleu $flag >"$OUT/generate_$precision.txt" 2>&1
+      echo "[gpu_checks] generate $precision: $(grep -h 'Translated' "$OUT/generate_$precision.txt" | sed -E 's/.*(Translated)/\1/')"
+      echo "[gpu_checks] generate $precision: $(grep -h 'BLEU' "$OUT/generate_$precision.txt" | sed -E 's/.*(BLEU)/\1/')"
+    done
+    hyps() { grep '^H-' "$1" | sed 's/^H-//' | sort -n | cut -f3; }
+    echo "[gpu_checks] fp16 hypotheses that differ from fp32's: $(diff <(hyps "$OUT/generate_fp32.txt") \
+      <(hyps "$OUT/generate_fp16.txt") | grep -c '^<') of $(grep -c '^H-' "$OUT/generate_fp32.txt")"
+    ;;
+  forms)
+    for dtype in bf16 fp32; do
+      step "forms_$dtype" 280 "$PY" -m benchmarks.train_forms --device cuda --variants torch-compile,fairseq-loss \
+        --dtype "$dtype"
+    done
+    ;;
+  *)
+    echo "unknown stage $STAGE: bench, recipe or forms" >&2
+    exit 2
+    ;;
+esac
