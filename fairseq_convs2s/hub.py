@@ -13,6 +13,7 @@ from typing import Dict, Tuple
 
 from fairseq import file_utils, hub_utils
 from fairseq.models import ARCH_MODEL_REGISTRY
+from omegaconf import open_dict
 
 from .convert_fconv import (
     FCONV_ARCHS,
@@ -96,4 +97,9 @@ def from_pretrained(model_class, model_name_or_path, checkpoint_file="model.pt",
     checkpoint_file = os.pathsep.join(os.path.relpath(f, model_dir) for f in files)
 
     loaded = hub_utils.from_pretrained(model_dir, checkpoint_file, data_name_or_path, archive_map=None, **kwargs)
-    return hub_utils.GeneratorHubInterface(loaded["args"], loaded["task"], loaded["models"])
+    cfg = loaded["args"]
+    with open_dict(cfg):
+        # bf16 decoding (ConvS2SModel.prepare_for_inference_) when asked here, not because the checkpoint's
+        # training ran with --bf16, which its saved settings (this cfg) say
+        cfg.common.bf16 = bool(kwargs.get("bf16", False))
+    return hub_utils.GeneratorHubInterface(cfg, loaded["task"], loaded["models"])

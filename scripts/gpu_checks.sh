@@ -3,7 +3,8 @@
 # each well inside the device tool's 10 minutes, from the kit that scripts/gpu_kit.sh packed here.
 #
 #   scripts/gpu_checks.sh bench    # benchmarks.run --device cuda, then scripts/check_distributed_gpu.py (~5 min on an H200)
-#   scripts/gpu_checks.sh recipe   # the Multi30k recipe, fairseq-generate --fp16 against fp32 (~4 min)
+#   scripts/gpu_checks.sh recipe   # the Multi30k recipe, fairseq-generate --fp16 and --bf16 against fp32,
+#                                  # benchmarks.bf16_generation (~5 min)
 #   scripts/gpu_checks.sh forms    # benchmarks.train_forms: the compiled update against the eager one, bf16 and fp32
 #
 # With the device tool: run(command="scripts/gpu_checks.sh bench", carry=[".gpu_kit"]). Logs and results go to
@@ -49,11 +50,12 @@ case "$STAGE" in
     cp BENCHMARKS.md benchmarks/results/cuda.json benchmarks/results/scaling_cuda.png "$OUT"/ 2>/dev/null
     step distributed 200 "$PY" scripts/check_distributed_gpu.py
     ;;
-  recipe)  # more arguments go to the recipe, e.g. --train-args "--max-update 20" for a trial on a CPU
+  recipe)  # more arguments go to the recipe: DEVICE=cpu scripts/gpu_checks.sh recipe --train-args "--max-epoch 1"
+    # tries the stage out on a CPU
     run=outputs/multi30k_gpu
     step recipe 300 "$PY" examples/multi30k/run.py --raw-dir "$KIT/multi30k" --out "$run" "${@:2}" || exit 1
-    for precision in fp32 fp16 fp32 fp16; do  # twice each, alternating: the first of all warms CUDA up
-      flag=$([ "$precision" = fp16 ] && echo --fp16)
+    for precision in fp32 fp16 bf16 fp32 fp16 bf16; do  # twice each, in turn: the first of all warms CUDA up
+      flag=$([ "$precision" != fp32 ] && echo "--$precision")
       "$PY" -m fairseq_cli.generate "$run/data-bin" --user-dir fairseq_convs2s --path "$run/checkpoints/checkpoint_avg.pt" \
         --gen-subset test --beam 5 --batch-size 128 --required-batch-size-multiple 1 --remove-bpe sentencepiece \
         --scoring sacrebleu $flag >"$OUT/generate_$precision.txt" 2>&1
@@ -61,8 +63,11 @@ case "$STAGE" in
       echo "[gpu_checks] generate $precision: $(grep -h 'BLEU' "$OUT/generate_$precision.txt" | sed -E 's/.*(BLEU)/\1/')"
     done
     hyps() { grep '^H-' "$1" | sed 's/^H-//' | sort -n | cut -f3; }
-    echo "[gpu_checks] fp16 hypotheses that differ from fp32's: $(diff <(hyps "$OUT/generate_fp32.txt") \
-      <(hyps "$OUT/generate_fp16.txt") | grep -c '^<') of $(grep -c '^H-' "$OUT/generate_fp32.txt")"
+    for precision in fp16 bf16; do
+      echo "[gpu_checks] $precision hypotheses that differ from fp32's: $(diff <(hyps "$OUT/generate_fp32.txt") \
+        <(hyps "$OUT/generate_$precision.txt") | grep -c '^<') of $(grep -c '^H-' "$OUT/generate_fp32.txt")"
+    done
+    step bf16_generation 120 "$PY" -m benchmarks.bf16_generation --device "${DEVICE:-cuda}" --out "$OUT"
     ;;
   forms)
     for dtype in bf16 fp32; do

@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from cli_helpers import make_splits, preprocess
 from utils import build_model
 
-from benchmarks import alone, measure
+from benchmarks import alone, bf16_generation, measure
 from benchmarks.ablations import compiled_steps
 from benchmarks.against_revision import module_at
 from benchmarks.chunk_forms import main as chunk_forms_main
@@ -106,6 +106,25 @@ def test_train_forms_compile_variant_swaps_the_model_for_the_update_only():
     assert step.model is model
     with torch_compile(step):
         assert step.model is compiled
+
+
+def test_bf16_generation_prepares_copies_in_each_precision_and_writes_both_speeds(tmp_path, capsys):
+    """``benchmarks.bf16_generation`` decodes a bf16 copy and an fp32 copy of one model (the model itself left
+    unprepared, its weight norm not folded) and writes each one's sentences/s and their ratio."""
+    model = build_model()
+    fp32, bf16 = bf16_generation.prepared(model, 5, False), bf16_generation.prepared(model, 5, True)
+    assert {p.dtype for p in fp32.parameters()} == {torch.float32}
+    assert {p.dtype for p in bf16.parameters()} == {torch.bfloat16}
+    norms = [[m.frozen for m in net.modules() if isinstance(m, weight_norm._WeightNorm)] for net in (model, bf16)]
+    assert norms[0] and not any(norms[0]) and all(norms[1]), norms  # folded for good in the copy only
+
+    bf16_generation.main(
+        ["--sizes", "iwslt", "--batches", "1", "--repeats", "1", "--src-len", "3", "--out", str(tmp_path)]
+    )
+    (row,) = json.loads((tmp_path / "bf16_generation_cpu.json").read_text())["rows"]
+    assert row["fp32_sentences_per_s"] > 0 and row["bf16_sentences_per_s"] > 0
+    assert row["bf16_over_fp32"] == pytest.approx(row["bf16_sentences_per_s"] / row["fp32_sentences_per_s"])
+    assert f"= {row['bf16_over_fp32']:.2f}x" in capsys.readouterr().out
 
 
 def test_train_forms_refuses_cpu_only_variants_on_a_gpu(capsys):

@@ -179,6 +179,27 @@ def test_generate_bleu_shows_the_model_learned(trained, generated_last):
     assert total and mirrored / total > 0.8, f"only {mirrored}/{total} alignments point at the mirrored source word"
 
 
+def test_bf16_generation_and_interactive_translate_as_fp32_does(trained, generated_last):
+    """``--bf16`` decodes a convs2s model in bfloat16 on the CPU (stock fairseq-generate would ignore it and decode
+    in fp32): the fp32 translations for nearly every test sentence and a BLEU above the threshold, with scores
+    that show bf16's rounding (not equal, yet close); fairseq-interactive --bf16 translates as well."""
+    bf16 = generate(trained.folder, "bin", "ckpt/checkpoint_last.pt", "--print-alignment", "--bf16")
+    fp32_lines, bf16_lines = hypothesis_lines(generated_last.stdout), hypothesis_lines(bf16.stdout)
+    assert sorted(bf16_lines["H"]) == list(range(NUM_TEST)), tail(bf16)
+    fp32_hyps = {i: split_hypothesis(h) for i, h in fp32_lines["H"].items()}
+    bf16_hyps = {i: split_hypothesis(h) for i, h in bf16_lines["H"].items()}
+    same = [i for i in range(NUM_TEST) if bf16_hyps[i][1] == fp32_hyps[i][1]]
+    assert len(same) >= 0.95 * NUM_TEST, f"only {len(same)} of {NUM_TEST} hypotheses as in fp32"
+    assert bleu_of(bf16.stdout) > BLEU_THRESHOLD
+    gaps = [abs(bf16_hyps[i][0] - fp32_hyps[i][0]) for i in same]
+    assert 0 < max(gaps) < 0.1, max(gaps)
+
+    inputs = ["s1 s2 s3", "s4 s5 s6 s7 s8"]
+    proc = check_ok(_interactive(trained.folder, "ckpt/checkpoint_last.pt", inputs, "--bf16"))
+    hyps = {i: split_hypothesis(h)[1] for i, h in hypothesis_lines(proc.stdout)["H"].items()}
+    assert hyps == {i: translate(line.split()) for i, line in enumerate(inputs)}, tail(proc)
+
+
 def test_validate_reports_loss(validated_last):
     """fairseq-validate loads the checkpoint and reports a finite, low loss on every sentence of both subsets."""
     stats = validation_stats(validated_last.stderr + validated_last.stdout)

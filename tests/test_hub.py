@@ -111,6 +111,32 @@ def test_from_pretrained_translates_like_fairseq_interactive(spm_trained):
     assert not list(spm_trained.ckpt.glob("*.convs2s.pt")), "a convs2s checkpoint must not be converted"
 
 
+def test_from_pretrained_decodes_in_bf16_when_asked_not_because_training_did(spm_trained, tmp_path):
+    """The hub interface hands the checkpoint's saved settings to the model's preparation for inference: a model
+    trained with --bf16 (its checkpoint says bf16) still decodes in fp32 unless ``bf16=True`` is asked, which casts
+    it to bfloat16; it then translates every sentence with scores near the fp32 ones, not equal to them."""
+    state = torch.load(spm_trained.ckpt / "checkpoint_last.pt", weights_only=False)
+    state["cfg"]["common"]["bf16"] = True  # as python -m fairseq_convs2s.train --bf16 saves it
+    torch.save(state, tmp_path / "checkpoint_last.pt")
+    kwargs = dict(
+        checkpoint_file="checkpoint_last.pt",
+        data_name_or_path=str(spm_trained.data),
+        bpe="sentencepiece",
+        sentencepiece_model=str(spm_trained.spm),
+    )
+    fp32 = ConvS2SModel.from_pretrained(str(tmp_path), **kwargs)
+    bf16 = ConvS2SModel.from_pretrained(str(tmp_path), bf16=True, **kwargs)
+    assert {p.dtype for p in fp32.models[0].parameters()} == {torch.float32}
+    assert {p.dtype for p in bf16.models[0].parameters()} == {torch.bfloat16}
+
+    sources = [fp32.encode(s) for s in SPM_SENTENCES]
+    scores = [
+        [h[0]["score"].item() for h in hub.generate(sources, beam=5, max_len_b=MAX_LEN_B)] for hub in (fp32, bf16)
+    ]
+    assert scores[0] != scores[1] and scores[1] == pytest.approx(scores[0], abs=0.1), scores
+    assert len(bf16.translate(SPM_SENTENCES, max_len_b=MAX_LEN_B)) == len(SPM_SENTENCES)
+
+
 def test_a_dictionary_of_another_size_is_named_not_a_torch_size_mismatch(spm_trained):
     """fairseq-generate of the trained checkpoint against a data dir whose dict.src.txt has 9 more words (as if
     preprocessed without --srcdict) stops before decoding with the plugin's message naming both sizes and the

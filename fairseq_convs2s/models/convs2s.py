@@ -5,6 +5,7 @@ import logging
 import os
 from argparse import Namespace
 
+import torch
 from fairseq import utils
 from fairseq.dataclass.utils import gen_parser_from_dataclass
 from fairseq.models import FairseqEncoderDecoderModel, register_model
@@ -131,6 +132,19 @@ class ConvS2SModel(FairseqEncoderDecoderModel):
             if isinstance(module, _WeightNorm):
                 module.frozen = True
                 module.fold_in_place()
+
+    def prepare_for_inference_(self, cfg):
+        """fairseq's preparation for inference, then, with ``--bf16`` (``cfg.common.bf16``), the model cast to
+        bfloat16: weight norm folded in fp32 first, then every weight rounded once. Decoding then runs its products
+        in bf16 (on CPUs with AVX512-BF16 or AMX, and on GPUs, faster); log-probabilities and beam scores stay fp32.
+
+        Porting note: stock fairseq-generate and fairseq-interactive read ``--bf16`` only to switch on TPU mode,
+        which they do not use, and decode an fconv model in fp32 (``--fp16`` alone casts the model); a convs2s model
+        honours ``--bf16``, on the CPU too. The hub interface passes the checkpoint's training settings here, so
+        ``fairseq_convs2s.hub`` sets ``bf16`` to what ``from_pretrained`` was asked (default: fp32)."""
+        super().prepare_for_inference_(cfg)
+        if getattr(getattr(cfg, "common", None), "bf16", False):
+            self.to(torch.bfloat16)
 
     def load_state_dict(self, state_dict, strict=True, model_cfg=None, args=None):
         """fairseq's loader, after checking that the checkpoint's vocabularies have the sizes of this model's
