@@ -1,18 +1,26 @@
 """Beam search with the convs2s model in bf16 (``fairseq-generate --bf16``) against the same model in fp32.
 
     python -m benchmarks.bf16_generation [--sizes iwslt,wmt_en_de] [--batches 1,16,128] [--beam 5] [--repeats 5]
+    python -m benchmarks.bf16_generation --data DATA_BIN --path CHECKPOINT [--batches 16,128] [--repeats 3]
+        [--generate-args "--remove-bpe sentencepiece --scoring sacrebleu"]
 
 The harness's convs2s model (``benchmarks.pair``, random weights) prepared as fairseq-generate prepares it, once
 as it is and once with ``--bf16`` (``ConvS2SModel.prepare_for_inference_``: weight norm folded in fp32, then
 every weight rounded to bf16); both decode the same random sources with every hypothesis forced to ``--src-len``
 tokens, so they do the same steps; their timings alternate (``measure.alternate``, medians). Prints sentences/s
 of each and the ratio, and writes ``bf16_generation_<device>.json`` into ``--out``. Random weights say nothing of
-translation quality: for that, ``fairseq-generate --bf16`` on a trained model (README, "Decoding in bf16").
+translation quality: for that, ``--data`` and ``--path`` name a trained model, and ``fairseq-generate`` decodes
+its test set with and without ``--bf16``, in turn, ``--repeats`` times each in fresh processes; printed: its
+sentences/s (its own "Translated" line; medians), BLEU, and how many hypotheses bf16 changed.
 """
 
 import argparse
 import copy
 import json
+import re
+import shlex
+import subprocess
+import sys
 from pathlib import Path
 from typing import Dict, List
 
@@ -23,6 +31,7 @@ from . import measure
 from .pair import SIZES, build_pair, make_dictionary
 
 RESULTS = Path(__file__).resolve().parent / "results"
+PLUGIN_DIR = Path(__file__).resolve().parent.parent / "fairseq_convs2s"
 
 
 def prepared(model, beam: int, bf16: bool):
@@ -57,6 +66,56 @@ def compare(size_name: str, batches: List[int], beam: int, repeats: int, src_len
     return rows
 
 
+_SPEED = re.compile(r"Translated [0-9,]+ sentences .* \(([0-9.]+) sentences/s")
+_BLEU = re.compile(r"BLEU4? = ([0-9.]+)")
+
+
+def generate_once(data: str, path: str, batch: int, beam: int, bf16: bool, extra: List[str], device) -> Dict:
+    """One ``fairseq-generate`` of ``data``'s test set: its sentences/s, BLEU and hypotheses (by sentence id)."""
+    cmd = [sys.executable, "-m", "fairseq_cli.generate", data, "--user-dir", str(PLUGIN_DIR), "--path", path]
+    cmd += ["--beam", str(beam), "--batch-size", str(batch), "--required-batch-size-multiple", "1", *extra]
+    cmd += (["--bf16"] if bf16 else []) + (["--cpu"] if device.type == "cpu" else [])
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    out = proc.stdout + proc.stderr
+    speed, bleu = _SPEED.search(out), _BLEU.search(out)
+    if proc.returncode or not speed or not bleu:
+        raise SystemExit(f"{shlex.join(cmd)} failed (exit {proc.returncode}):\n{out[-3000:]}")
+    hyps = {}
+    for line in proc.stdout.splitlines():
+        if line.startswith("H-"):  # H-<id> TAB score TAB tokens
+            sentence_id, _, tokens = line[2:].split("\t", 2)
+            hyps[sentence_id] = tokens
+    return {"sentences_per_s": float(speed.group(1)), "bleu": float(bleu.group(1)), "hyps": hyps}
+
+
+def compare_trained(args, device) -> List[Dict]:
+    """fp32 against bf16 ``fairseq-generate`` of a trained model, at each of ``--batches``."""
+    extra = shlex.split(args.generate_args)
+    rows = []
+    for batch in [int(b) for b in args.batches.split(",")]:
+        runs: Dict[str, List[Dict]] = {"fp32": [], "bf16": []}
+        for i in range(args.repeats):
+            for name in ("fp32", "bf16") if i % 2 == 0 else ("bf16", "fp32"):
+                runs[name].append(generate_once(args.data, args.path, batch, args.beam, name == "bf16", extra, device))
+        row = {"checkpoint": args.path, "beam": args.beam, "batch": batch, "repeats": args.repeats}
+        for name, results in runs.items():
+            row[f"{name}_sentences_per_s"] = measure.median([r["sentences_per_s"] for r in results])
+            row[f"{name}_bleu"] = results[0]["bleu"]
+        row["bf16_over_fp32"] = row["bf16_sentences_per_s"] / row["fp32_sentences_per_s"]
+        fp32_hyps, bf16_hyps = runs["fp32"][0]["hyps"], runs["bf16"][0]["hyps"]
+        row["sentences"] = len(fp32_hyps)
+        row["changed_by_bf16"] = sum(bf16_hyps.get(i) != h for i, h in fp32_hyps.items())
+        print(
+            f"beam {args.beam} batch {batch}: fp32 {row['fp32_sentences_per_s']:.1f} bf16 "
+            f"{row['bf16_sentences_per_s']:.1f} sent/s = {row['bf16_over_fp32']:.2f}x; BLEU fp32 "
+            f"{row['fp32_bleu']:.2f} bf16 {row['bf16_bleu']:.2f}; bf16 changed {row['changed_by_bf16']} of "
+            f"{row['sentences']} hypotheses",
+            flush=True,
+        )
+        rows.append(row)
+    return rows
+
+
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--sizes", default="iwslt,wmt_en_de", help=f"comma-separated, of {sorted(SIZES)}")
@@ -66,18 +125,26 @@ def main(argv=None) -> None:
     p.add_argument("--src-len", type=int, default=25, help="source tokens per sentence; outputs are as long")
     p.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
-    p.add_argument("--out", default=str(RESULTS), help="folder for bf16_generation_<device>.json")
+    p.add_argument("--out", default=str(RESULTS), help="folder for bf16_generation[_trained]_<device>.json")
+    p.add_argument("--data", help="a data-bin folder: decode its test set with the trained model --path")
+    p.add_argument("--path", help="a convs2s checkpoint, with --data")
+    p.add_argument("--generate-args", default="", help="more fairseq-generate flags, with --data (one flag: use =)")
     args = p.parse_args(argv)
+    if bool(args.data) != bool(args.path):
+        p.error("--data and --path go together")
     measure.use_threads(args.threads)
     device = torch.device(args.device)
     print(measure.describe_machine(device), flush=True)
-    rows = []
-    for size_name in args.sizes.split(","):
-        batches = [int(b) for b in args.batches.split(",")]
-        rows += compare(size_name, batches, args.beam, args.repeats, args.src_len, device)
+    if args.data:
+        rows = compare_trained(args, device)
+    else:
+        rows = []
+        for size_name in args.sizes.split(","):
+            batches = [int(b) for b in args.batches.split(",")]
+            rows += compare(size_name, batches, args.beam, args.repeats, args.src_len, device)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    path = out / f"bf16_generation_{args.device}.json"
+    path = out / f"bf16_generation{'_trained' if args.data else ''}_{args.device}.json"
     path.write_text(json.dumps({"machine": measure.describe_machine(device), "rows": rows}, indent=1) + "\n")
     print(f"wrote {path}")
 

@@ -5,6 +5,7 @@ task (see ``cli_helpers``) and reused by the tests that follow; each tool runs a
 with ``--user-dir`` pointing at this repository's plugin.
 """
 
+import json
 import math
 import subprocess
 import sys
@@ -198,6 +199,21 @@ def test_bf16_generation_and_interactive_translate_as_fp32_does(trained, generat
     proc = check_ok(_interactive(trained.folder, "ckpt/checkpoint_last.pt", inputs, "--bf16"))
     hyps = {i: split_hypothesis(h)[1] for i, h in hypothesis_lines(proc.stdout)["H"].items()}
     assert hyps == {i: translate(line.split()) for i, line in enumerate(inputs)}, tail(proc)
+
+
+def test_bf16_benchmark_reads_fairseq_generates_speed_bleu_and_hypotheses(trained, generated_last, tmp_path):
+    """``benchmarks.bf16_generation --data --path`` runs fairseq-generate in both precisions and reads from its
+    output what fairseq printed: the fp32 BLEU is the one of the fixture's run (the same flags), and every
+    sentence's hypothesis is compared."""
+    from benchmarks import bf16_generation
+
+    data, path = str(trained.folder / "bin"), str(trained.folder / "ckpt/checkpoint_last.pt")
+    args = ["--data", data, "--path", path, "--batches", "16", "--repeats", "1", "--out", str(tmp_path)]
+    bf16_generation.main([*args, "--generate-args=--print-alignment"])
+    (row,) = json.loads((tmp_path / "bf16_generation_trained_cpu.json").read_text())["rows"]
+    assert row["fp32_bleu"] == bleu_of(generated_last.stdout) and row["bf16_bleu"] > BLEU_THRESHOLD, row
+    assert row["sentences"] == NUM_TEST and 0 <= row["changed_by_bf16"] <= 0.05 * NUM_TEST, row
+    assert row["fp32_sentences_per_s"] > 0 and row["bf16_sentences_per_s"] > 0
 
 
 def test_validate_reports_loss(validated_last):
