@@ -43,6 +43,7 @@ def prepared(model, beam: int, bf16: bool):
 
 
 def compare(size_name: str, batches: List[int], beam: int, repeats: int, src_len: int, device) -> List[Dict]:
+    """fp32 against bf16 beam search of the harness's convs2s model at ``size_name``, at each of ``batches``."""
     size = SIZES[size_name]
     dictionary = make_dictionary(size.vocab)
     _, convs2s = build_pair(size, dictionary, dropout=0.0)

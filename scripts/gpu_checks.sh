@@ -2,7 +2,8 @@
 # There, on a lent GPU machine (Python 3.12 with a CUDA torch, no registry): DEVELOPERS.md's list, one stage a call,
 # each well inside the device tool's 10 minutes, from the kit that scripts/gpu_kit.sh packed here.
 #
-#   scripts/gpu_checks.sh bench    # benchmarks.run --device cuda, then scripts/check_distributed_gpu.py (~5 min on an H200)
+#   scripts/gpu_checks.sh bench    # benchmarks.run --device cuda, then scripts/check_distributed_gpu.py
+#                                  # (~5 min on an H200)
 #   scripts/gpu_checks.sh recipe   # the Multi30k recipe, fairseq-generate --fp16 and --bf16 against fp32,
 #                                  # benchmarks.bf16_generation (~5 min)
 #   scripts/gpu_checks.sh forms    # benchmarks.train_forms: the compiled update against the eager one, bf16 and fp32
@@ -20,8 +21,8 @@ mkdir -p "$OUT"
 
 # fairseq and what it needs beside the machine's torch, installed beside it (never over it): --no-deps
 if ! "$PY" -c "import fairseq" 2>/dev/null; then
-  "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site "$KIT"/whl/*.whl \
-    || exit 1
+  "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
+    "$KIT"/whl/*.whl || exit 1
   export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
 fi
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
@@ -56,18 +57,21 @@ case "$STAGE" in
     step recipe 300 "$PY" examples/multi30k/run.py --raw-dir "$KIT/multi30k" --out "$run" "${@:2}" || exit 1
     for precision in fp32 fp16 bf16 fp32 fp16 bf16; do  # twice each, in turn: the first of all warms CUDA up
       flag=$([ "$precision" != fp32 ] && echo "--$precision")
-      "$PY" -m fairseq_cli.generate "$run/data-bin" --user-dir fairseq_convs2s --path "$run/checkpoints/checkpoint_avg.pt" \
-        --gen-subset test --beam 5 --batch-size 128 --required-batch-size-multiple 1 --remove-bpe sentencepiece \
-        --scoring sacrebleu $flag >"$OUT/generate_$precision.txt" 2>&1
-      echo "[gpu_checks] generate $precision: $(grep -h 'Translated' "$OUT/generate_$precision.txt" | sed -E 's/.*(Translated)/\1/')"
-      echo "[gpu_checks] generate $precision: $(grep -h 'BLEU' "$OUT/generate_$precision.txt" | sed -E 's/.*(BLEU)/\1/')"
+      "$PY" -m fairseq_cli.generate "$run/data-bin" --user-dir fairseq_convs2s \
+        --path "$run/checkpoints/checkpoint_avg.pt" --gen-subset test --beam 5 --batch-size 128 \
+        --required-batch-size-multiple 1 --remove-bpe sentencepiece --scoring sacrebleu $flag \
+        >"$OUT/generate_$precision.txt" 2>&1
+      for what in Translated BLEU; do
+        line=$(grep -h "$what" "$OUT/generate_$precision.txt" | sed -E "s/.*($what)/\1/")
+        echo "[gpu_checks] generate $precision: $line"
+      done
     done
     hyps() { grep '^H-' "$1" | sed 's/^H-//' | sort -n | cut -f3; }
     for precision in fp16 bf16; do
       echo "[gpu_checks] $precision hypotheses that differ from fp32's: $(diff <(hyps "$OUT/generate_fp32.txt") \
         <(hyps "$OUT/generate_$precision.txt") | grep -c '^<') of $(grep -c '^H-' "$OUT/generate_fp32.txt")"
     done
-    step bf16_generation 120 "$PY" -m benchmarks.bf16_generation --device "${DEVICE:-cuda}" --out "$OUT"
+    step bf16_generation 180 "$PY" -m benchmarks.bf16_generation --device "${DEVICE:-cuda}" --repeats 3 --out "$OUT"
     ;;
   forms)
     for dtype in bf16 fp32; do

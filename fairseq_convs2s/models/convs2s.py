@@ -136,7 +136,8 @@ class ConvS2SModel(FairseqEncoderDecoderModel):
     def prepare_for_inference_(self, cfg):
         """fairseq's preparation for inference, then, with ``--bf16`` (``cfg.common.bf16``), the model cast to
         bfloat16: weight norm folded in fp32 first, then every weight rounded once. Decoding then runs its products
-        in bf16 (on CPUs with AVX512-BF16 or AMX, and on GPUs, faster); log-probabilities and beam scores stay fp32.
+        in bf16 (faster on a CPU with AVX512-BF16: README, "Decoding in bf16"); log-probabilities and beam scores
+        stay fp32.
 
         Porting note: stock fairseq-generate and fairseq-interactive read ``--bf16`` only to switch on TPU mode,
         which they do not use, and decode an fconv model in fp32 (``--fp16`` alone casts the model); a convs2s model
