@@ -116,7 +116,7 @@ def test_from_pretrained_decodes_in_bf16_when_asked_not_because_training_did(spm
     trained with --bf16 (its checkpoint says bf16) still decodes in fp32 unless ``bf16=True`` is asked, which casts
     it to bfloat16; it then translates every sentence with scores near the fp32 ones, not equal to them."""
     state = torch.load(spm_trained.ckpt / "checkpoint_last.pt", weights_only=False)
-    state["cfg"]["common"]["bf16"] = True  # as python -m fairseq_convs2s.train --bf16 saves it
+    state["cfg"]["common"]["bf16"] = True  # as a checkpoint of a run with --bf16 records it
     torch.save(state, tmp_path / "checkpoint_last.pt")
     kwargs = dict(
         checkpoint_file="checkpoint_last.pt",
