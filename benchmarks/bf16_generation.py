@@ -28,10 +28,9 @@ import torch
 from omegaconf import OmegaConf
 
 from . import measure
+from .bf16_curve import USER_DIR
 from .pair import SIZES, build_pair, make_dictionary
-
-RESULTS = Path(__file__).resolve().parent / "results"
-PLUGIN_DIR = Path(__file__).resolve().parent.parent / "fairseq_convs2s"
+from .run import RESULTS
 
 
 def prepared(model, beam: int, bf16: bool):
@@ -46,8 +45,8 @@ def compare(size_name: str, batches: List[int], beam: int, repeats: int, src_len
     """fp32 against bf16 beam search of the harness's convs2s model at ``size_name``, at each of ``batches``."""
     size = SIZES[size_name]
     dictionary = make_dictionary(size.vocab)
-    _, convs2s = build_pair(size, dictionary, dropout=0.0)
-    models = {"fp32": prepared(convs2s.to(device), beam, False), "bf16": prepared(convs2s.to(device), beam, True)}
+    convs2s = build_pair(size, dictionary, dropout=0.0)[1].to(device)
+    models = {"fp32": prepared(convs2s, beam, False), "bf16": prepared(convs2s, beam, True)}
     rows = []
     for batch in batches:
         sentences = max(batch, 16)
@@ -73,7 +72,7 @@ _BLEU = re.compile(r"BLEU4? = ([0-9.]+)")
 
 def generate_once(data: str, path: str, batch: int, beam: int, bf16: bool, extra: List[str], device) -> Dict:
     """One ``fairseq-generate`` of ``data``'s test set: its sentences/s, BLEU and hypotheses (by sentence id)."""
-    cmd = [sys.executable, "-m", "fairseq_cli.generate", data, "--user-dir", str(PLUGIN_DIR), "--path", path]
+    cmd = [sys.executable, "-m", "fairseq_cli.generate", data, "--user-dir", str(USER_DIR), "--path", path]
     cmd += ["--beam", str(beam), "--batch-size", str(batch), "--required-batch-size-multiple", "1", *extra]
     cmd += (["--bf16"] if bf16 else []) + (["--cpu"] if device.type == "cpu" else [])
     proc = subprocess.run(cmd, capture_output=True, text=True)
@@ -89,11 +88,11 @@ def generate_once(data: str, path: str, batch: int, beam: int, bf16: bool, extra
     return {"sentences_per_s": float(speed.group(1)), "bleu": float(bleu.group(1)), "hyps": hyps}
 
 
-def compare_trained(args, device) -> List[Dict]:
-    """fp32 against bf16 ``fairseq-generate`` of a trained model, at each of ``--batches``."""
+def compare_trained(args, batches: List[int], device) -> List[Dict]:
+    """fp32 against bf16 ``fairseq-generate`` of a trained model, at each of ``batches``."""
     extra = shlex.split(args.generate_args)
     rows = []
-    for batch in [int(b) for b in args.batches.split(",")]:
+    for batch in batches:
         runs: Dict[str, List[Dict]] = {"fp32": [], "bf16": []}
         for i in range(args.repeats):
             for name in ("fp32", "bf16") if i % 2 == 0 else ("bf16", "fp32"):
@@ -135,18 +134,19 @@ def main(argv=None) -> None:
         p.error("--data and --path go together")
     measure.use_threads(args.threads)
     device = torch.device(args.device)
-    print(measure.describe_machine(device), flush=True)
+    machine = measure.describe_machine(device)
+    print(machine, flush=True)
+    batches = [int(b) for b in args.batches.split(",")]
     if args.data:
-        rows = compare_trained(args, device)
+        rows = compare_trained(args, batches, device)
     else:
         rows = []
         for size_name in args.sizes.split(","):
-            batches = [int(b) for b in args.batches.split(",")]
             rows += compare(size_name, batches, args.beam, args.repeats, args.src_len, device)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     path = out / f"bf16_generation{'_trained' if args.data else ''}_{args.device}.json"
-    path.write_text(json.dumps({"machine": measure.describe_machine(device), "rows": rows}, indent=1) + "\n")
+    path.write_text(json.dumps({"machine": machine, "rows": rows}, indent=1) + "\n")
     print(f"wrote {path}")
 
 
