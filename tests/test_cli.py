@@ -180,6 +180,21 @@ def test_generate_bleu_shows_the_model_learned(trained, generated_last):
     assert total and mirrored / total > 0.8, f"only {mirrored}/{total} alignments point at the mirrored source word"
 
 
+def test_generate_decodes_an_ensemble_of_checkpoints(trained, generated_last):
+    """``--path a.pt:b.pt`` loads both convs2s checkpoints and decodes with their ensemble: a checkpoint ensembled
+    with itself gives its own hypotheses, alignments and scores (its log-probabilities averaged with themselves).
+    That two different models combine as fconv's do is ``test_convert_fconv``'s."""
+    path = "ckpt/checkpoint_last.pt:ckpt/checkpoint_last.pt"
+    ensemble = generate(trained.folder, "bin", path, "--print-alignment")
+    assert "loading model(s) from ckpt/checkpoint_last.pt:ckpt/checkpoint_last.pt" in ensemble.stderr, tail(ensemble)
+    alone, both = hypothesis_lines(generated_last.stdout), hypothesis_lines(ensemble.stdout)
+    assert sorted(both["H"]) == list(range(NUM_TEST)), tail(ensemble)
+    for i in range(NUM_TEST):
+        (score, hyp), (alone_score, alone_hyp) = split_hypothesis(both["H"][i]), split_hypothesis(alone["H"][i])
+        assert hyp == alone_hyp and both["A"][i] == alone["A"][i], (i, both["H"][i], alone["H"][i])
+        assert score == pytest.approx(alone_score, abs=2e-4)
+
+
 def test_bf16_generation_and_interactive_translate_as_fp32_does(trained, generated_last):
     """``--bf16`` decodes a convs2s model in bfloat16 on the CPU (stock fairseq-generate would ignore it and decode
     in fp32): the fp32 translations for nearly every test sentence and a BLEU above the threshold, with scores

@@ -28,10 +28,18 @@ def log_probs(model, src, prev):
 
 
 def beam_search(model, dictionary, src):
-    generator = SequenceGenerator([model], dictionary, beam_size=5, max_len_b=12)
+    return [
+        [(tokens, round(score, 4)) for tokens, score, _ in beam] for beam in ensemble_search([model], dictionary, src)
+    ]
+
+
+def ensemble_search(models, dictionary, src):
+    """fairseq's beam search (beam 5) over an ensemble of ``models``, as ``fairseq-generate --path a.pt:b.pt`` runs
+    it: per sentence, each hypothesis's tokens, score and attention (source x target, averaged over the models)."""
+    generator = SequenceGenerator(models, dictionary, beam_size=5, max_len_b=12)
     sample = {"net_input": {"src_tokens": src, "src_lengths": src.ne(dictionary.pad()).sum(1)}}
-    hypos = generator.generate([model], sample)
-    return [[(h["tokens"].tolist(), round(h["score"].item(), 4)) for h in beam] for beam in hypos]
+    hypos = generator.generate(models, sample)
+    return [[(h["tokens"].tolist(), h["score"].item(), h["attention"]) for h in beam] for beam in hypos]
 
 
 @pytest.mark.parametrize("share", [False, True])
@@ -48,6 +56,34 @@ def test_converted_model_gives_fconv_outputs(share):
     torch.testing.assert_close(log_probs(convs2s, src, prev), log_probs(fconv, src, prev), atol=1e-5, rtol=1e-5)
     assert beam_search(convs2s, dictionary, src) == beam_search(fconv, dictionary, src)
     assert "last_optimizer_state" not in converted
+
+
+def test_ensembles_decode_as_fconvs_ensemble():
+    """``--path a.pt:b.pt``: an ensemble of converted checkpoints, and one mixing a converted checkpoint with an
+    fconv model, gives the hypotheses and scores of the fconv ensemble they came from. Each decoder keeps its own
+    folded products and source tensors for the pass, so the models must not share them. The converted ensemble's
+    averaged attention is fconv's times 4/3 (fconv averages over all 4 layers, 3 of them attending; a porting note
+    of the decoder): a distribution over the source."""
+    dictionary = make_dictionary(25)
+    (fconv_a, args_a), (fconv_b, args_b) = train_fconv(dictionary, steps=5), train_fconv(dictionary, steps=9)
+    convs2s_a = load_converted(convert_checkpoint(fairseq_checkpoint(fconv_a, args_a)), dictionary)
+    convs2s_b = load_converted(convert_checkpoint(fairseq_checkpoint(fconv_b, args_b)), dictionary)
+    src = random_batch(dictionary, [9, 5, 7, 3, 6, 8], seed=7)
+
+    expected = ensemble_search([fconv_a, fconv_b], dictionary, src)
+    alone = ensemble_search([fconv_a], dictionary, src)
+    assert [b[0][0] for b in expected] != [b[0][0] for b in alone], "the second model changes no best hypothesis"
+    for models in ([convs2s_a, convs2s_b], [convs2s_a, fconv_b]):
+        got = ensemble_search(models, dictionary, src)
+        assert [[h[0] for h in beam] for beam in got] == [[h[0] for h in beam] for beam in expected]
+        scores = [h[1] for beam in got for h in beam]
+        assert scores == pytest.approx([h[1] for beam in expected for h in beam], abs=1e-5)
+
+    converted = ensemble_search([convs2s_a, convs2s_b], dictionary, src)
+    for beam, fconv_beam in zip(converted, expected):
+        for (_, _, attention), (_, _, fconv_attention) in zip(beam, fconv_beam):
+            torch.testing.assert_close(attention, fconv_attention * 4 / 3, atol=1e-5, rtol=1e-5)
+            torch.testing.assert_close(attention.sum(0), torch.ones(attention.size(1)))  # S x T: over the source
 
 
 def test_old_formats_convert_the_same():

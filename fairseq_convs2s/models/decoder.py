@@ -90,6 +90,10 @@ class ConvS2SDecoder(FairseqIncrementalDecoder):
         for block, layer, attends in zip(self.blocks, layers, attention):
             if attends:
                 block.attention = MultiStepAttention(layer.width, embed_dim, attention_scaling)
+        # Porting note (fconv): fconv divides the summed attention by its number of layers, attending or not, so
+        # with a partial --decoder-attention its "average" sums to (attending / layers) over the source. Here it is
+        # the mean over the attending layers, a distribution; every preset attends in every layer, where the two
+        # agree. Hard alignments (--print-alignment) are the same either way.
         self.num_attention_layers = sum(attention)
 
         self.out_embed_projection = WeightNormLinear(layers[-1].width, out_embed_dim, std=linear_std(layers[-1].width))
