@@ -195,6 +195,29 @@ def test_generate_decodes_an_ensemble_of_checkpoints(trained, generated_last):
         assert score == pytest.approx(alone_score, abs=2e-4)
 
 
+def test_generate_diverse_beam_groups_over_several_batches(trained):
+    """``--diverse-beam-groups``: fairseq 0.12.3 alone fails at the second step of any batch holding a sentence
+    id past the batch's size (here all but the first of 7 batches of 16); with the plugin loaded each sentence
+    gets the hypotheses it gets with the 100 sentences in one batch of ids 0 to 99, where fairseq's code works."""
+    flags = ["--beam", "4", "--nbest", "4", "--diverse-beam-groups", "2", "--diverse-beam-strength", "2"]
+    batches = generate(trained.folder, "bin", "ckpt/checkpoint_last.pt", *flags)  # --batch-size 16
+    one_batch = generate(trained.folder, "bin", "ckpt/checkpoint_last.pt", *flags, "--batch-size", str(NUM_TEST))
+
+    def hypotheses(stdout):
+        found: dict = {}
+        for line in stdout.splitlines():
+            if line.startswith("H-"):
+                key, score, text = line.split("\t")
+                found.setdefault(int(key[2:]), []).append((float(score), text))
+        return found
+
+    got, expected = hypotheses(batches.stdout), hypotheses(one_batch.stdout)
+    assert sorted(got) == list(range(NUM_TEST)) and {len(h) for h in got.values()} == {4}, tail(batches)
+    assert {i: [text for _, text in h] for i, h in got.items()} == {i: [t for _, t in h] for i, h in expected.items()}
+    for i, beam in got.items():
+        assert [score for score, _ in beam] == pytest.approx([score for score, _ in expected[i]], abs=1e-4)
+
+
 def test_bf16_generation_and_interactive_translate_as_fp32_does(trained, generated_last):
     """``--bf16`` decodes a convs2s model in bfloat16 on the CPU (stock fairseq-generate would ignore it and decode
     in fp32): the fp32 translations for nearly every test sentence and a BLEU above the threshold, with scores

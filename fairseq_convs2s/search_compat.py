@@ -1,0 +1,53 @@
+"""Make fairseq's diverse beam search (``--diverse-beam-groups``) decode more than one batch.
+
+fairseq 0.12.3's ``DiverseBeamSearch`` keeps the overlap between its groups' tokens in a tensor of one row per
+sentence of the batch, made at step 0, and reads and updates its rows at ``original_batch_idxs``, which
+``SequenceGenerator`` fills with the sentences' dataset ids (``sample["id"]``), not their positions in the batch.
+A batch holding an id at or past its own size fails at step 1 with ``IndexError: index N is out of bounds for
+dimension 0 with size B``: in ``fairseq-generate`` every batch but one of ids 0 to B - 1, for any model. Ids
+below B only permute the rows, read and written alike, so such a batch decodes as each sentence alone; here
+every batch does, the ids mapped to their positions at step 0. Patched on importing the plugin, for every model
+of the process; a fairseq whose search takes no ``original_batch_idxs`` is left alone.
+"""
+
+import inspect
+from typing import Optional
+
+import torch
+from fairseq import search
+from torch import Tensor
+
+
+def positions_in_batch(ids_at_start: Tensor, ids: Tensor) -> Tensor:
+    """Where each of ``ids`` (the sentences still decoding, a subset) stood among ``ids_at_start`` (the batch's
+    ids at step 0, all different): B' -> B' positions in [0, B)."""
+    order = torch.argsort(ids_at_start)
+    return order[torch.searchsorted(ids_at_start[order], ids)]
+
+
+def fix_diverse_beam_search() -> None:
+    """Wrap ``DiverseBeamSearch.step`` so that it indexes its overlap rows by position in the batch (idempotent)."""
+    cls = search.DiverseBeamSearch
+    original_step = cls.step
+    if getattr(original_step, "fixed_by_convs2s", False):
+        return
+    if "original_batch_idxs" not in inspect.signature(original_step).parameters:
+        return
+
+    def step(
+        self,
+        step: int,
+        lprobs: Tensor,
+        scores: Optional[Tensor],
+        prev_output_tokens: Optional[Tensor] = None,
+        original_batch_idxs: Optional[Tensor] = None,
+    ):
+        if original_batch_idxs is not None:
+            if step == 0:  # every sentence of the batch is there: its ids, in the order of the overlap's rows
+                self.ids_at_start = original_batch_idxs.clone()
+            original_batch_idxs = positions_in_batch(self.ids_at_start, original_batch_idxs)
+        return original_step(self, step, lprobs, scores, prev_output_tokens, original_batch_idxs)
+
+    step.fixed_by_convs2s = True
+    step.__doc__, step.__wrapped__ = original_step.__doc__, original_step
+    cls.step = step

@@ -1,0 +1,58 @@
+"""fairseq's diverse beam search decodes any batch once the plugin is imported (``fairseq_convs2s.search_compat``)."""
+
+import pytest
+import torch
+from fairseq import search
+from fairseq.sequence_generator import SequenceGenerator
+from utils import build_model, make_dictionary, random_batch, seed_all
+
+from fairseq_convs2s.search_compat import positions_in_batch
+
+LENGTHS = [9, 5, 7, 3, 6, 8, 4, 9, 2, 7]
+
+
+def diverse_search(model, dictionary, src, ids, strength=2.0):
+    """Beam 4 in 2 diversity groups over ``src``, whose sentences carry dataset ``ids`` (what fairseq-generate
+    puts in ``sample["id"]``): per sentence, every hypothesis's tokens and score."""
+    strategy = search.DiverseBeamSearch(dictionary, num_groups=2, diversity_strength=strength)
+    generator = SequenceGenerator([model], dictionary, beam_size=4, max_len_b=12, search_strategy=strategy)
+    sample = {"id": torch.tensor(ids), "net_input": {"src_tokens": src, "src_lengths": src.ne(dictionary.pad()).sum(1)}}
+    with torch.no_grad():
+        hypos = generator.generate([model], sample)
+    return [[(h["tokens"].tolist(), h["score"].item()) for h in beam] for beam in hypos]
+
+
+@pytest.fixture(scope="module")
+def setup():
+    seed_all(0)
+    dictionary = make_dictionary(25)
+    model = build_model(dictionary=dictionary).eval()
+    return model, dictionary, random_batch(dictionary, LENGTHS, seed=11)
+
+
+def test_a_batch_of_any_ids_decodes_as_each_sentence_alone(setup):
+    """Dataset ids past the batch's size (every fairseq-generate batch but the first) decode as each sentence
+    alone; the diversity penalty is at work (other hypotheses than with strength 0)."""
+    model, dictionary, src = setup
+    ids = [412, 7, 1000, 93, 15, 600, 11, 250, 3, 58]
+    batch = diverse_search(model, dictionary, src, ids)
+    alone = [diverse_search(model, dictionary, src[i : i + 1, -n:], [ids[i]])[0] for i, n in enumerate(LENGTHS)]
+    assert [[h[0] for h in beam] for beam in batch] == [[h[0] for h in beam] for beam in alone]
+    for beam, alone_beam in zip(batch, alone):
+        assert [h[1] for h in beam] == pytest.approx([h[1] for h in alone_beam], abs=1e-5)
+    plain = diverse_search(model, dictionary, src, ids, strength=0.0)
+    assert sum(b != p for b, p in zip(batch, plain)) >= len(LENGTHS) // 2, "the groups' penalty changed nothing"
+
+
+def test_fairseqs_own_step_fails_on_such_a_batch(setup, monkeypatch):
+    """What the fix is for: fairseq's step indexes the overlap rows by dataset id."""
+    model, dictionary, src = setup
+    monkeypatch.setattr(search.DiverseBeamSearch, "step", search.DiverseBeamSearch.step.__wrapped__)
+    with pytest.raises(IndexError, match="out of bounds"):
+        diverse_search(model, dictionary, src, [412, 7, 1000, 93, 15, 600, 11, 250, 3, 58])
+
+
+def test_positions_in_batch():
+    ids_at_start = torch.tensor([412, 7, 1000, 93, 15])
+    assert positions_in_batch(ids_at_start, ids_at_start).tolist() == [0, 1, 2, 3, 4]
+    assert positions_in_batch(ids_at_start, torch.tensor([7, 93, 15])).tolist() == [1, 3, 4]
