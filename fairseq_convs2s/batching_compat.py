@@ -1,0 +1,44 @@
+"""Say so when fairseq leaves sentences out of a split's batches.
+
+fairseq 0.12's ``data_utils.batch_by_size`` drops the last batch when its size is not a multiple of
+``--required-batch-size-multiple`` (8 by default; fairseq issue 5036): ``fairseq-generate`` then translates and
+scores, and ``fairseq-validate`` and validation during training average over, up to 7 sentences fewer than the
+split holds, without a word (the quickstart's 500 test sentences came back as 496). Changing the batches would
+change every training run's batches and random stream, so they are left as fairseq makes them; importing the
+plugin wraps the function to log a warning with the count and the flag that keeps every sentence.
+"""
+
+import inspect
+import logging
+
+from fairseq.data import data_utils
+
+logger = logging.getLogger(__name__)
+
+
+def warn_on_dropped_sentences() -> None:
+    """Wrap ``data_utils.batch_by_size`` (what every fairseq dataset batches with) to warn when the batches it
+    returns hold fewer sentences than the indices it was given (idempotent)."""
+    batch_by_size = data_utils.batch_by_size
+    if getattr(batch_by_size, "warns_for_convs2s", False):
+        return
+
+    signature = inspect.signature(batch_by_size)
+
+    def batch_by_size_and_warn(*args, **kwargs):
+        batches = batch_by_size(*args, **kwargs)
+        call = signature.bind(*args, **kwargs)
+        call.apply_defaults()
+        indices, multiple = call.arguments["indices"], call.arguments["required_batch_size_multiple"]
+        left_out = len(indices) - sum(len(batch) for batch in batches)
+        if left_out > 0 and call.arguments.get("fixed_shapes") is None:
+            logger.warning(
+                f"fairseq left the last {left_out} of {len(indices)} sentences out of the batches: the last batch "
+                f"was not a multiple of --required-batch-size-multiple ({multiple}); pass "
+                "--required-batch-size-multiple 1 to keep every sentence"
+            )
+        return batches
+
+    batch_by_size_and_warn.warns_for_convs2s = True
+    batch_by_size_and_warn.__doc__, batch_by_size_and_warn.__wrapped__ = batch_by_size.__doc__, batch_by_size
+    data_utils.batch_by_size = batch_by_size_and_warn
