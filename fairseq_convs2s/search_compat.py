@@ -1,13 +1,14 @@
 """Make fairseq's diverse beam search (``--diverse-beam-groups``) decode more than one batch.
 
-fairseq 0.12.3's ``DiverseBeamSearch`` keeps the overlap between its groups' tokens in a tensor of one row per
-sentence of the batch, made at step 0, and reads and updates its rows at ``original_batch_idxs``, which
-``SequenceGenerator`` fills with the sentences' dataset ids (``sample["id"]``), not their positions in the batch.
-A batch holding an id at or past its own size fails at step 1 with ``IndexError: index N is out of bounds for
-dimension 0 with size B``: in ``fairseq-generate`` every batch but one of ids 0 to B - 1, for any model. Ids
-below B only permute the rows, read and written alike, so such a batch decodes as each sentence alone; here
-every batch does, the ids mapped to their positions at step 0. Patched on importing the plugin, for every model
-of the process; a fairseq whose search takes no ``original_batch_idxs`` is left alone.
+fairseq-fixed 0.12.3.1's ``DiverseBeamSearch`` (fairseq's main branch since its PR 5069) keeps the overlap
+between its groups' tokens in a tensor of one row per sentence of the batch, made at step 0, and reads and
+updates its rows at ``original_batch_idxs``, which ``SequenceGenerator`` fills with the sentences' dataset ids
+(``sample["id"]``), not their positions in the batch. A batch holding an id at or past its own size fails at
+step 1 with ``IndexError: index N is out of bounds for dimension 0 with size B``: in ``fairseq-generate`` every
+batch but one of ids 0 to B - 1, for any model. Ids below B only permute the rows, read and written alike, so
+such a batch decodes as each sentence alone; here every batch does, the ids mapped to their positions at step 0.
+Patched on importing the plugin, for every model of the process; a fairseq whose search takes no
+``original_batch_idxs`` is left alone.
 """
 
 import inspect
@@ -34,7 +35,7 @@ def fix_diverse_beam_search() -> None:
     if "original_batch_idxs" not in inspect.signature(original_step).parameters:
         return
 
-    def step(
+    def step_by_position(
         self,
         step: int,
         lprobs: Tensor,
@@ -48,6 +49,6 @@ def fix_diverse_beam_search() -> None:
             original_batch_idxs = positions_in_batch(self.ids_at_start, original_batch_idxs)
         return original_step(self, step, lprobs, scores, prev_output_tokens, original_batch_idxs)
 
-    step.fixed_by_convs2s = True
-    step.__doc__, step.__wrapped__ = original_step.__doc__, original_step
-    cls.step = step
+    step_by_position.fixed_by_convs2s = True
+    step_by_position.__doc__, step_by_position.__wrapped__ = original_step.__doc__, original_step
+    cls.step = step_by_position

@@ -73,13 +73,12 @@ def test_ensembles_decode_as_fconvs_ensemble():
     expected = ensemble_search([fconv_a, fconv_b], dictionary, src)
     alone = ensemble_search([fconv_a], dictionary, src)
     assert [b[0][0] for b in expected] != [b[0][0] for b in alone], "the second model changes no best hypothesis"
-    for models in ([convs2s_a, convs2s_b], [convs2s_a, fconv_b]):
-        got = ensemble_search(models, dictionary, src)
+    converted, mixed = (ensemble_search(m, dictionary, src) for m in ([convs2s_a, convs2s_b], [convs2s_a, fconv_b]))
+    for got in (converted, mixed):
         assert [[h[0] for h in beam] for beam in got] == [[h[0] for h in beam] for beam in expected]
         scores = [h[1] for beam in got for h in beam]
         assert scores == pytest.approx([h[1] for beam in expected for h in beam], abs=1e-5)
 
-    converted = ensemble_search([convs2s_a, convs2s_b], dictionary, src)
     for beam, fconv_beam in zip(converted, expected):
         for (_, _, attention), (_, _, fconv_attention) in zip(beam, fconv_beam):
             torch.testing.assert_close(attention, fconv_attention * 4 / 3, atol=1e-5, rtol=1e-5)
