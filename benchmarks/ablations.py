@@ -10,6 +10,8 @@ convs2s_iwslt_de_en size (or ``--size``) with, in turn:
   of the decoder's folded products, looked up once per pass;
 - ``per-step-attention``: the folded steps' attention projecting every hypothesis through W_d and W_c at every
   step instead of once per source (``FoldedAttention``);
+- ``every-row-first-step``: the first decoding step on all beam x sentences rows, as fconv computes it, instead of
+  one row per sentence (``first_step_once_per_source``);
 - ``unfused-weight-norm``: training weight norm as a norm, a division and two products instead of torch's kernel.
 Each variant is timed alternately with the unchanged model (medians); the ratio is what the optimization buys.
 
@@ -54,6 +56,10 @@ def per_step_attention():
     return mock.patch.object(ConvS2SDecoder, "folded_attention_budget_mib", 0)
 
 
+def every_row_first_step():
+    return mock.patch.object(ConvS2SDecoder, "first_step_once_per_source", False)
+
+
 def mkl_linear():
     return mock.patch.object(weight_norm, "ONEDNN_MIN_MACS", float("inf"))
 
@@ -64,12 +70,13 @@ def unfused_weight_norm():
     )
 
 
-GENERATION_VARIANTS = ("no-fold-cache", "mkl-linear", "module-steps", "per-step-attention")
+GENERATION_VARIANTS = ("no-fold-cache", "mkl-linear", "module-steps", "per-step-attention", "every-row-first-step")
 VARIANTS = {
     "no-fold-cache": no_fold_cache,
     "mkl-linear": mkl_linear,
     "module-steps": module_steps,
     "per-step-attention": per_step_attention,
+    "every-row-first-step": every_row_first_step,
     "unfused-weight-norm": unfused_weight_norm,
 }
 

@@ -89,6 +89,63 @@ def test_beam_orders_keep_one_encoder_row_per_source():
     torch.testing.assert_close(last, full[:, -1:], atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("arch", ["convs2s_iwslt_de_en", "convs2s_wmt_en_de"])
+def test_the_first_step_of_beam_search_runs_once_per_source(arch, monkeypatch):
+    """Beam search starts each source with G copies of EOS: the first step computes one row per source and
+    repeats its logits, attention and conv windows, decoding as with every row computed (the same hypotheses
+    and alignments, scores to float rounding); later steps, first rows that differ, and a dropout retained at
+    inference (fairseq's --retain-dropout) take every row."""
+    from fairseq.modules import FairseqDropout
+    from fairseq.sequence_generator import SequenceGenerator
+
+    from fairseq_convs2s.models.decoder import ConvS2SDecoder
+
+    seed_all(0)
+    model = build_model(arch, dictionary=make_dictionary(25)).eval()
+    d = model.encoder.dictionary
+    src = random_batch(d, [9, 5, 7, 3, 6, 8], seed=7)
+    sample = {"net_input": {"src_tokens": src, "src_lengths": src.ne(d.pad()).sum(1)}}
+    rows = []
+    extract_features = ConvS2SDecoder.extract_features
+    monkeypatch.setattr(
+        ConvS2SDecoder,
+        "extract_features",
+        lambda self, prev, *a, **k: rows.append(prev.size(0)) or extract_features(self, prev, *a, **k),
+    )
+
+    def beam_search(once_per_source):
+        monkeypatch.setattr(ConvS2SDecoder, "first_step_once_per_source", once_per_source)
+        rows.clear()
+        with torch.no_grad():
+            hypos = SequenceGenerator([model], d, beam_size=5, max_len_b=12).generate([model], sample)
+        return [[(h["tokens"].tolist(), h["score"].item(), h["attention"]) for h in beam] for beam in hypos]
+
+    once, every = beam_search(True), beam_search(False)
+    assert rows[0] == 6 * 5 and len(rows) > 2
+    beam_search(True)
+    assert rows[0] == 6 and rows[1] == 6 * 5  # the sentences once, then every hypothesis
+    for beam, every_beam in zip(once, every):
+        assert [h[0] for h in beam] == [h[0] for h in every_beam]
+        for (_, score, attention), (_, every_score, every_attention) in zip(beam, every_beam):
+            assert score == pytest.approx(every_score, abs=1e-5)
+            torch.testing.assert_close(attention, every_attention, atol=1e-5, rtol=1e-5)
+
+    expand = torch.arange(6).repeat_interleave(2)
+    with torch.no_grad():
+        encoder_out = model.encoder.reorder_encoder_out(model.encoder(src), expand)
+        first = torch.full((12, 1), d.eos())
+        rows.clear()
+        model.decoder(first, encoder_out, incremental_state={})
+        first[1, 0] = d.unk()  # one source's two rows differ
+        model.decoder(first, encoder_out, incremental_state={})
+        for m in model.modules():
+            if isinstance(m, FairseqDropout):
+                m.apply_during_inference = True
+        encoder_out = model.encoder.reorder_encoder_out(model.encoder(src), expand)  # a new pass sees the dropout
+        model.decoder(torch.full((12, 1), d.eos()), encoder_out, incremental_state={})
+    assert rows == [6, 12, 12]
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 def test_inference_steps_call_folded_products_and_decode_as_the_modules(dtype):
     """At inference a decoding step calls the decoder's products folded for the pass, not its modules, and

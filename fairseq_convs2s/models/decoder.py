@@ -57,6 +57,8 @@ class ConvS2SDecoder(FairseqIncrementalDecoder):
     # takes stay under this many MiB for the batch; past it (0: always, as benchmarks.ablations'
     # ``per-step-attention`` times it), both products at every step, folded for the pass
     folded_attention_budget_mib = 512
+    # the first step of beam search computes each source's hypotheses once (False: every row, as fconv does)
+    first_step_once_per_source = True
     # forward(..., output_rows=mask) projects only the selected positions (fused_label_smoothed, sequence_risk)
     projects_selected_rows = True
     # forward(..., output_rows=mask, loss_targets=...) returns their loss instead (fused_label_smoothed)
@@ -145,12 +147,56 @@ class ConvS2SDecoder(FairseqIncrementalDecoder):
                 f"output_rows ({tuple(output_rows.shape)}) selects positions of a full pass over "
                 f"prev_output_tokens ({tuple(prev_output_tokens.shape)}), not of an incremental step"
             )
+        copies = self._copies_at_first_step(prev_output_tokens, encoder_out, incremental_state)
+        if copies > 1:
+            return self._first_step_once_per_source(
+                prev_output_tokens, encoder_out, incremental_state, copies, features_only
+            )
         x, attn = self.extract_features(prev_output_tokens, encoder_out, incremental_state)
         if loss_targets is not None:
             return self.score_rows(x, output_rows, loss_targets), attn
         if not features_only:
             x = self.output_layer(x, output_rows=output_rows)
         return x, attn
+
+    def _copies_at_first_step(
+        self, prev_output_tokens: Tensor, encoder_out: Optional[ConvS2SEncoderOut], incremental_state
+    ) -> int:
+        """G where this is the first step of incremental decoding at inference and the G rows of each source hold
+        the same prefix (beam search's first step: G copies of EOS for every source), else 1."""
+        if incremental_state is None or encoder_out is None or not self.first_step_once_per_source:
+            return 1
+        copies = encoder_out.hypotheses_per_source
+        if copies < 2 or prev_output_tokens.size(1) != 1 or self._folded_products() is None:
+            return 1  # (with a dropout active the copies would not compute the same)
+        if self.get_incremental_state(incremental_state, "conv_windows") is not None:
+            return 1
+        tokens = prev_output_tokens.view(-1, copies)  # B' x G
+        return copies if bool((tokens == tokens[:, :1]).all()) else 1
+
+    def _first_step_once_per_source(
+        self,
+        prev_output_tokens: Tensor,
+        encoder_out: ConvS2SEncoderOut,
+        incremental_state: IncrementalState,
+        copies: int,
+        features_only: bool,
+    ) -> Tuple[Tensor, Optional[Tensor]]:
+        """The first step on one row per source, its logits (B' x 1 x V; the features with ``features_only``),
+        attention and conv windows then repeated for the G copies: B x 1 x V and B x 1 x S, the values of every
+        row computed apart.
+
+        Porting note (fconv): fairseq's beam search starts with G identical hypotheses per source and fconv
+        computes each; here the first step costs one row per source (the model's products at that step on
+        B' rows, not B' x G)."""
+        one_each = encoder_out._replace(hypotheses_per_source=1)
+        x, attn = self.extract_features(prev_output_tokens[::copies], one_each, incremental_state)
+        windows = self.get_incremental_state(incremental_state, "conv_windows")
+        repeated = {k: v.repeat_interleave(copies, dim=0) if v is not None else None for k, v in windows.items()}
+        self.set_incremental_state(incremental_state, "conv_windows", repeated)
+        out = x if features_only else self.output_layer(x)  # B' x 1 x (V | out_embed)
+        attn = attn.repeat_interleave(copies, dim=0) if attn is not None else None
+        return out.repeat_interleave(copies, dim=0), attn
 
     def extract_features(
         self,
