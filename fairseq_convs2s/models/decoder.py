@@ -167,7 +167,13 @@ class ConvS2SDecoder(FairseqIncrementalDecoder):
         if incremental_state is None or encoder_out is None or not self.first_step_once_per_source:
             return 1
         copies = encoder_out.hypotheses_per_source
-        if copies < 2 or prev_output_tokens.size(1) != 1 or self._folded_products() is None:
+        if (
+            copies < 2
+            or prev_output_tokens.size(1) != 1
+            or prev_output_tokens.size(0) != copies * len(encoder_out.keys)
+        ):
+            return 1
+        if self._folded_products() is None:
             return 1  # (with a dropout active the copies would not compute the same)
         if self.get_incremental_state(incremental_state, "conv_windows") is not None:
             return 1
@@ -183,8 +189,8 @@ class ConvS2SDecoder(FairseqIncrementalDecoder):
         features_only: bool,
     ) -> Tuple[Tensor, Optional[Tensor]]:
         """The first step on one row per source, its logits (B' x 1 x V; the features with ``features_only``),
-        attention and conv windows then repeated for the G copies: B x 1 x V and B x 1 x S, the values of every
-        row computed apart.
+        attention and conv windows then repeated for the G copies: B x 1 x V and B x 1 x S, what computing every
+        row gives (to float rounding: products on fewer rows may take other kernels).
 
         Porting note (fconv): fairseq's beam search starts with G identical hypotheses per source and fconv
         computes each; here the first step costs one row per source (the model's products at that step on
