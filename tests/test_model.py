@@ -226,16 +226,18 @@ def test_decoder_is_causal():
 
 
 @pytest.mark.parametrize("arch", ["convs2s_iwslt_de_en", "convs2s_wmt_en_de"])
-def test_sentence_scores_the_same_alone_and_in_a_padded_batch(arch):
-    """Left-padded sources and right-padded targets leave every real position's log-probs unchanged."""
+@pytest.mark.parametrize("left_pad_source", [True, False])
+def test_sentence_scores_the_same_alone_and_in_a_padded_batch(arch, left_pad_source):
+    """Padded sources (on the left, fairseq's default, or on the right: --left-pad-source False) and right-padded
+    targets leave every real position's log-probs unchanged."""
     seed_all(0)
     model = build_model(arch).eval()
     d = model.encoder.dictionary
-    src = random_batch(d, [4, 12, 9], seed=7)  # sentence 0 has 8 pads on the left
+    src = random_batch(d, [4, 12, 9], seed=7, left_pad=left_pad_source)  # sentence 0 has 8 pads
     prev = random_batch(d, [5, 11, 7], seed=8, left_pad=False)  # and 6 on the right
     with torch.no_grad():
         batch = full_log_probs(model, src, prev)
-        alone = full_log_probs(model, src[:1, -4:], prev[:1, :5])
+        alone = full_log_probs(model, src[:1, -4:] if left_pad_source else src[:1, :4], prev[:1, :5])
     torch.testing.assert_close(batch[:1, :5], alone, atol=1e-5, rtol=1e-5)
 
 
