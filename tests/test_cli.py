@@ -196,7 +196,7 @@ def test_generate_decodes_an_ensemble_of_checkpoints(trained, generated_last):
 
 
 def test_generate_diverse_beam_groups_over_several_batches(trained):
-    """``--diverse-beam-groups``: fairseq 0.12.3 alone fails at the second step of any batch holding a sentence
+    """``--diverse-beam-groups``: fairseq-fixed 0.12.3.1 alone fails at the second step of any batch holding a sentence
     id past the batch's size (here all but the first of 7 batches of 16); with the plugin loaded each sentence
     gets the hypotheses it gets with the 100 sentences in one batch of ids 0 to 99, where fairseq's code works."""
     flags = ["--beam", "4", "--nbest", "4", "--diverse-beam-groups", "2", "--diverse-beam-strength", "2"]

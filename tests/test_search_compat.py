@@ -9,6 +9,7 @@ from utils import build_model, make_dictionary, random_batch, seed_all
 from fairseq_convs2s.search_compat import positions_in_batch
 
 LENGTHS = [9, 5, 7, 3, 6, 8, 4, 9, 2, 7]
+IDS = [412, 7, 1000, 93, 15, 600, 11, 250, 3, 58]  # dataset ids, most past the batch's size
 
 
 def diverse_search(model, dictionary, src, ids, strength=2.0):
@@ -34,14 +35,14 @@ def test_a_batch_of_any_ids_decodes_as_each_sentence_alone(setup):
     """Dataset ids past the batch's size (every fairseq-generate batch but the first) decode as each sentence
     alone; the diversity penalty is at work (other hypotheses than with strength 0)."""
     model, dictionary, src = setup
-    ids = [412, 7, 1000, 93, 15, 600, 11, 250, 3, 58]
-    batch = diverse_search(model, dictionary, src, ids)
-    alone = [diverse_search(model, dictionary, src[i : i + 1, -n:], [ids[i]])[0] for i, n in enumerate(LENGTHS)]
+    batch = diverse_search(model, dictionary, src, IDS)
+    alone = [diverse_search(model, dictionary, src[i : i + 1, -n:], [IDS[i]])[0] for i, n in enumerate(LENGTHS)]
     assert [[h[0] for h in beam] for beam in batch] == [[h[0] for h in beam] for beam in alone]
     for beam, alone_beam in zip(batch, alone):
         assert [h[1] for h in beam] == pytest.approx([h[1] for h in alone_beam], abs=1e-5)
-    plain = diverse_search(model, dictionary, src, ids, strength=0.0)
-    assert sum(b != p for b, p in zip(batch, plain)) >= len(LENGTHS) // 2, "the groups' penalty changed nothing"
+    plain = diverse_search(model, dictionary, src, IDS, strength=0.0)
+    changed = sum([h[0] for h in b] != [h[0] for h in p] for b, p in zip(batch, plain))
+    assert changed >= len(LENGTHS) // 2, f"the groups' penalty changed the hypotheses of {changed} sentences"
 
 
 def test_fairseqs_own_step_fails_on_such_a_batch(setup, monkeypatch):
@@ -49,7 +50,7 @@ def test_fairseqs_own_step_fails_on_such_a_batch(setup, monkeypatch):
     model, dictionary, src = setup
     monkeypatch.setattr(search.DiverseBeamSearch, "step", search.DiverseBeamSearch.step.__wrapped__)
     with pytest.raises(IndexError, match="out of bounds"):
-        diverse_search(model, dictionary, src, [412, 7, 1000, 93, 15, 600, 11, 250, 3, 58])
+        diverse_search(model, dictionary, src, IDS)
 
 
 def test_positions_in_batch():
