@@ -203,12 +203,12 @@ def test_generate_diverse_beam_groups_over_several_batches(trained):
     batches = generate(trained.folder, "bin", "ckpt/checkpoint_last.pt", *flags)  # --batch-size 16
     one_batch = generate(trained.folder, "bin", "ckpt/checkpoint_last.pt", *flags, "--batch-size", str(NUM_TEST))
 
-    def hypotheses(stdout):
+    def hypotheses(stdout):  # every H- line (--nbest 4), by sentence id: (score, tokens)
         found: dict = {}
         for line in stdout.splitlines():
             if line.startswith("H-"):
-                key, score, text = line.split("\t")
-                found.setdefault(int(key[2:]), []).append((float(score), text))
+                key, payload = line.split("\t", 1)
+                found.setdefault(int(key[2:]), []).append(split_hypothesis(payload))
         return found
 
     got, expected = hypotheses(batches.stdout), hypotheses(one_batch.stdout)

@@ -6,6 +6,7 @@ import pytest
 import torch
 from utils import (
     PRESETS,
+    beam_search,
     build_model,
     full_log_probs,
     incremental_log_probs,
@@ -96,7 +97,6 @@ def test_the_first_step_of_beam_search_runs_once_per_source(arch, monkeypatch):
     and alignments, scores to float rounding); later steps, first rows that differ, and a dropout retained at
     inference (fairseq's --retain-dropout) take every row."""
     from fairseq.modules import FairseqDropout
-    from fairseq.sequence_generator import SequenceGenerator
 
     from fairseq_convs2s.models.decoder import ConvS2SDecoder
 
@@ -104,7 +104,6 @@ def test_the_first_step_of_beam_search_runs_once_per_source(arch, monkeypatch):
     model = build_model(arch, dictionary=make_dictionary(25)).eval()
     d = model.encoder.dictionary
     src = random_batch(d, [9, 5, 7, 3, 6, 8], seed=7)
-    sample = {"net_input": {"src_tokens": src, "src_lengths": src.ne(d.pad()).sum(1)}}
     rows = []
     extract_features = ConvS2SDecoder.extract_features
     monkeypatch.setattr(
@@ -113,16 +112,14 @@ def test_the_first_step_of_beam_search_runs_once_per_source(arch, monkeypatch):
         lambda self, prev, *a, **k: rows.append(prev.size(0)) or extract_features(self, prev, *a, **k),
     )
 
-    def beam_search(once_per_source):
+    def decode(once_per_source):
         monkeypatch.setattr(ConvS2SDecoder, "first_step_once_per_source", once_per_source)
         rows.clear()
-        with torch.no_grad():
-            hypos = SequenceGenerator([model], d, beam_size=5, max_len_b=12).generate([model], sample)
-        return [[(h["tokens"].tolist(), h["score"].item(), h["attention"]) for h in beam] for beam in hypos]
+        return beam_search([model], d, src)
 
-    once, every = beam_search(True), beam_search(False)
+    once, every = decode(True), decode(False)
     assert rows[0] == 6 * 5 and len(rows) > 2
-    beam_search(True)
+    decode(True)
     assert rows[0] == 6 and rows[1] == 6 * 5  # the sentences once, then every hypothesis
     for beam, every_beam in zip(once, every):
         assert [h[0] for h in beam] == [h[0] for h in every_beam]

@@ -3,8 +3,7 @@
 import pytest
 import torch
 from fairseq import search
-from fairseq.sequence_generator import SequenceGenerator
-from utils import build_model, make_dictionary, random_batch, seed_all
+from utils import beam_search, build_model, make_dictionary, random_batch, seed_all
 
 from fairseq_convs2s.search_compat import positions_in_batch
 
@@ -13,14 +12,11 @@ IDS = [412, 7, 1000, 93, 15, 600, 11, 250, 3, 58]  # dataset ids, most past the 
 
 
 def diverse_search(model, dictionary, src, ids, strength=2.0):
-    """Beam 4 in 2 diversity groups over ``src``, whose sentences carry dataset ``ids`` (what fairseq-generate
-    puts in ``sample["id"]``): per sentence, every hypothesis's tokens and score."""
+    """Beam 4 in 2 diversity groups over ``src``, whose sentences carry dataset ``ids``: per sentence, every
+    hypothesis's tokens and score."""
     strategy = search.DiverseBeamSearch(dictionary, num_groups=2, diversity_strength=strength)
-    generator = SequenceGenerator([model], dictionary, beam_size=4, max_len_b=12, search_strategy=strategy)
-    sample = {"id": torch.tensor(ids), "net_input": {"src_tokens": src, "src_lengths": src.ne(dictionary.pad()).sum(1)}}
-    with torch.no_grad():
-        hypos = generator.generate([model], sample)
-    return [[(h["tokens"].tolist(), h["score"].item()) for h in beam] for beam in hypos]
+    hypos = beam_search([model], dictionary, src, ids, beam_size=4, search_strategy=strategy)
+    return [[(tokens, score) for tokens, score, _ in beam] for beam in hypos]
 
 
 @pytest.fixture(scope="module")

@@ -90,6 +90,23 @@ def full_log_probs(model: ConvS2SModel, src: torch.Tensor, prev: torch.Tensor) -
     return model.get_normalized_probs((logits, None), log_probs=True)
 
 
+def beam_search(models, dictionary: Dictionary, src: torch.Tensor, ids: Optional[List[int]] = None, **generator_args):
+    """fairseq's ``SequenceGenerator`` over ``models`` (more than one: an ensemble, as ``--path a.pt:b.pt``), beam 5
+    and at most 12 tokens unless ``generator_args`` say otherwise; ``ids``: the sentences' dataset ids (what
+    fairseq-generate puts in ``sample["id"]``). Per sentence, each hypothesis's tokens, score and attention
+    (source x target)."""
+    from fairseq.sequence_generator import SequenceGenerator
+
+    generator_args = {"beam_size": 5, "max_len_b": 12, **generator_args}
+    generator = SequenceGenerator(models, dictionary, **generator_args)
+    sample = {"net_input": {"src_tokens": src, "src_lengths": src.ne(dictionary.pad()).sum(1)}}
+    if ids is not None:
+        sample["id"] = torch.tensor(ids)
+    with torch.no_grad():
+        hypos = generator.generate(models, sample)
+    return [[(h["tokens"].tolist(), h["score"].item(), h["attention"]) for h in beam] for beam in hypos]
+
+
 def seed_all(seed: int = 0) -> None:
     random.seed(seed)
     torch.manual_seed(seed)
