@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from cli_helpers import make_splits, preprocess
 from utils import build_model
 
-from benchmarks import alone, bf16_generation, measure
+from benchmarks import alone, bf16_generation, checkpoint_activations, measure
 from benchmarks.ablations import compiled_steps
 from benchmarks.against_revision import module_at
 from benchmarks.chunk_forms import main as chunk_forms_main
@@ -336,6 +336,24 @@ def test_alone_times_a_variant_in_a_fresh_process():
     from_worker = alone._worker("fconv", "iwslt", updates=1, keep=True)
     assert len(from_worker) == 1 and from_worker[0] > 0
     assert set(alone.VARIANTS) == {"fconv", "convs2s", "convs2s-fused"}
+
+
+def test_checkpoint_activations_benchmark_runs_each_mode_in_a_process_of_its_own(tmp_path, capsys):
+    """Both modes measured in fresh processes: the memory above the built model (at least the gradients and the
+    momentum, the same in both modes) and the update times; the ratios are kept over checkpointed memory and
+    checkpointed over kept time."""
+    out = tmp_path / "ck.json"
+    checkpoint_activations.main(
+        ["--sizes", "iwslt", "--sentences", "8", "--length", "6", "--rounds", "1", "--updates", "1", "--json", str(out)]
+    )
+    result = json.loads(out.read_text())["sizes"]["iwslt"]
+    (only_round,) = result["rounds"]
+    kept, checkpointed = only_round["kept"], only_round["checkpointed"]
+    assert kept["state_mib"] == checkpointed["state_mib"] > 0
+    assert kept["memory_mib"] > 0.5 * kept["state_mib"] and checkpointed["memory_mib"] > 0.5 * kept["state_mib"]
+    assert result["memory_ratio"] == pytest.approx(kept["memory_mib"] / checkpointed["memory_mib"])
+    assert result["time_ratio"] == pytest.approx(checkpointed["seconds"] / kept["seconds"])
+    assert "iwslt: update memory" in capsys.readouterr().out
 
 
 def test_one_process_rows_take_medians_over_rounds_and_reach_the_harness_table(monkeypatch):

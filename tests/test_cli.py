@@ -22,7 +22,9 @@ from cli_helpers import (
     generate,
     hypothesis_lines,
     last_frame,
+    load_checkpoint,
     make_splits,
+    max_param_difference,
     preprocess,
     run_cli,
     split_hypothesis,
@@ -130,6 +132,22 @@ def test_validation_during_training_sees_the_current_weights(trained, validated_
 
 
 # ---- generation ------------------------------------------------------------------------------------------------
+
+
+def test_checkpoint_activations_trains_as_without(corpus):
+    """``fairseq-train --checkpoint-activations`` (one epoch, dropout 0.2): the flag reaches the model and its
+    checkpoint, and the run logs the losses of the same run without it and ends at the same weights."""
+    runs = {}
+    for name, extra in (("kept", []), ("checkpointed", ["--checkpoint-activations"])):
+        proc = train(corpus, "bin", f"ckpt_{name}", "--max-epoch", "1", "--dropout", "0.2", *extra)
+        log = proc.stdout + proc.stderr
+        runs[name] = (epoch_losses(log, "train"), epoch_losses(log, "valid"))
+    kept = load_checkpoint(corpus / "ckpt_kept" / "checkpoint_last.pt")
+    checkpointed = load_checkpoint(corpus / "ckpt_checkpointed" / "checkpoint_last.pt")
+    assert checkpointed["cfg"]["model"].checkpoint_activations is True
+    assert kept["cfg"]["model"].checkpoint_activations is False
+    assert runs["kept"] == runs["checkpointed"] and len(runs["kept"][0]) == 1, runs
+    assert max_param_difference(kept, checkpointed) == 0.0
 
 
 def _alignment_pairs(a_line: str):

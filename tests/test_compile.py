@@ -65,11 +65,12 @@ def test_decoding_step_traces_as_one_graph_and_decodes_as_eager(onednn_everywher
             torch.testing.assert_close(compiled_step(prev[:, : t + 1], encoder_out, compiled_state), expected)
 
 
-@pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
-def test_compiled_training_step_equals_eager(backend, onednn_everywhere):
-    """Forward, a loss and backward through torch.compile(fullgraph=True): the same loss and gradients."""
+@pytest.mark.parametrize("backend, checkpointed", [("aot_eager", False), ("inductor", False), ("aot_eager", True)])
+def test_compiled_training_step_equals_eager(backend, checkpointed, onednn_everywhere):
+    """Forward, a loss and backward through torch.compile(fullgraph=True): the same loss and gradients, also with
+    the blocks checkpointed (``--checkpoint-activations``: compiled as torch's checkpoint operator)."""
     torch.manual_seed(0)
-    model = build_model(dropout=0.0).train()
+    model = build_model(dropout=0.0, checkpoint_activations=checkpointed).train()
     batch = _batch(model)
 
     def step(forward):

@@ -52,3 +52,10 @@ class ConvS2SConfig(FairseqDataclass):
         default="fconv",
         metadata={"help": "fconv: the sqrt(0.5) factors fairseq's fconv puts on queries and values; paper: none"},
     )
+    checkpoint_activations: bool = field(
+        default=False,
+        metadata={
+            "help": "in training, keep only each block's input and recompute the block in the backward pass: "
+            "less memory for one more forward pass of the blocks"
+        },
+    )

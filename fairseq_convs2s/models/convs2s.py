@@ -105,6 +105,7 @@ class ConvS2SModel(FairseqEncoderDecoderModel):
             num_attention_layers=sum(attention),
             value_scale=value_scale_for(scaling),
             embed_dict=src_embed,
+            checkpoint_activations=cfg.checkpoint_activations,
         )
         decoder = ConvS2SDecoder(
             task.target_dictionary,
@@ -117,6 +118,7 @@ class ConvS2SModel(FairseqEncoderDecoderModel):
             share_embed=cfg.share_input_output_embed,
             attention_scaling=scaling,
             embed_dict=tgt_embed,
+            checkpoint_activations=cfg.checkpoint_activations,
         )
         model = cls(encoder, decoder)
         model.dictionary_labels = {side: _dictionary_label(task, side) for side in ("source", "target")}

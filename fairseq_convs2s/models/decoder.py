@@ -23,7 +23,7 @@ from ..modules.attention import (
     fold_source,
     target_scores,
 )
-from ..modules.conv_block import build_blocks
+from ..modules.conv_block import ConvBlock, build_blocks, run_block
 from ..modules.dropout import Dropout
 from ..modules.embedding import LearnedPositionalEmbedding, TokenEmbedding
 from ..modules.weight_norm import (
@@ -76,8 +76,10 @@ class ConvS2SDecoder(FairseqIncrementalDecoder):
         share_embed: bool,
         attention_scaling: str,
         embed_dict: Optional[dict] = None,
+        checkpoint_activations: bool = False,
     ):
         super().__init__(dictionary)
+        self.checkpoint_activations = checkpoint_activations
         self.register_buffer("version", torch.tensor([2.0]))  # the state-dict format; see upgrade_state_dict_named
         padding_idx = dictionary.pad()
         self.dropout_module = Dropout(dropout, module_name=type(self).__name__)
@@ -222,13 +224,13 @@ class ConvS2SDecoder(FairseqIncrementalDecoder):
         keep_attn = self.need_attn and not self.training
         attn_sum: Optional[Tensor] = None
         outputs = [x]
+        sources = tuple(encoder_out[:4])
         for block in self.blocks:
-            y = block.glu_conv(x)  # B x T x d
-            if block.attention is not None:
-                y, attn = block.attention(y, g, *encoder_out[:4])
-                if keep_attn:
-                    attn_sum = attn if attn_sum is None else attn_sum + attn
-            x = block.add_residual(y, outputs)
+            x, attn = run_block(
+                _decoder_block, block, x, tuple(outputs), g, sources, checkpointed=self.checkpoint_activations
+            )  # B x T x d, B x T x S
+            if keep_attn and attn is not None:
+                attn_sum = attn if attn_sum is None else attn_sum + attn
             outputs.append(x)
 
         x = self.out_embed_projection(x)  # B x T x out_embed
@@ -392,6 +394,19 @@ class ConvS2SDecoder(FairseqIncrementalDecoder):
     def make_generation_fast_(self, need_attn: bool = False, **kwargs) -> None:
         """Only compute the averaged attention when it is asked for (``--print-alignment``)."""
         self.need_attn = need_attn
+
+
+def _decoder_block(
+    block: ConvBlock, x: Tensor, outputs: Tuple[Tensor, ...], g: Tensor, sources: tuple
+) -> Tuple[Tensor, Optional[Tensor]]:
+    """One decoder block of a full pass: x (B x T x d_in, the last output), g (B x T x f, the target embedding),
+    sources (the encoder's keys, values, padding mask, scale) -> B x T x d and its attention B x T x S (None
+    where the block does not attend)."""
+    y = block.glu_conv(x)  # B x T x d
+    attn = None
+    if block.attention is not None:
+        y, attn = block.attention(y, g, *sources)
+    return block.add_residual(y, outputs), attn
 
 
 class _BlockProducts(NamedTuple):

@@ -1,6 +1,6 @@
 """The ConvS2S encoder (paper 3.2): embeddings, a stack of convolutional blocks, keys and values for attention."""
 
-from typing import Dict, List, NamedTuple, Optional
+from typing import Dict, List, NamedTuple, Optional, Tuple
 
 import torch
 from fairseq import utils
@@ -9,7 +9,7 @@ from fairseq.models import FairseqEncoder
 from fairseq.modules import GradMultiply
 from torch import Tensor, nn
 
-from ..modules.conv_block import build_blocks
+from ..modules.conv_block import ConvBlock, build_blocks, run_block
 from ..modules.dropout import Dropout
 from ..modules.embedding import LearnedPositionalEmbedding, TokenEmbedding
 from ..modules.weight_norm import WeightNormLinear, is_compiling, linear_std, start_inference_pass
@@ -51,8 +51,10 @@ class ConvS2SEncoder(FairseqEncoder):
         num_attention_layers: int,
         value_scale: float,
         embed_dict: Optional[dict] = None,
+        checkpoint_activations: bool = False,
     ):
         super().__init__(dictionary)
+        self.checkpoint_activations = checkpoint_activations
         self.padding_idx = dictionary.pad()
         self.dropout_module = Dropout(dropout, module_name=type(self).__name__)
         self.embed_tokens = TokenEmbedding(len(dictionary), embed_dim, self.padding_idx)
@@ -82,10 +84,10 @@ class ConvS2SEncoder(FairseqEncoder):
 
         outputs = [x]
         for block in self.blocks:
-            if padding_mask is not None:
-                x = x.masked_fill(padding_mask.unsqueeze(-1), 0.0)  # no block sees padding
-            x = block.add_residual(block.glu_conv(x), outputs)  # B x S x d
-            outputs.append(x)
+            x = run_block(
+                _encoder_block, block, x, tuple(outputs), padding_mask, checkpointed=self.checkpoint_activations
+            )
+            outputs.append(x)  # B x S x d
 
         z = self.output_projection(x)  # B x S x f
         if padding_mask is not None:
@@ -124,6 +126,13 @@ class ConvS2SEncoder(FairseqEncoder):
 
     def max_positions(self) -> int:
         return self.embed_positions.max_positions
+
+
+def _encoder_block(block: ConvBlock, x: Tensor, outputs: Tuple[Tensor, ...], padding_mask: Optional[Tensor]) -> Tensor:
+    """One encoder block of a full pass: x (B x S x d_in, the last output) -> B x S x d; no block sees padding."""
+    if padding_mask is not None:
+        x = x.masked_fill(padding_mask.unsqueeze(-1), 0.0)
+    return block.add_residual(block.glu_conv(x), outputs)
 
 
 def _run_length(sources: Tensor) -> int:

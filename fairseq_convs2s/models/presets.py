@@ -26,6 +26,7 @@ def base_architecture(args):
     _default(args, "decoder_attention", "True")
     _default(args, "share_input_output_embed", False)
     _default(args, "attention_scaling", "fconv")
+    _default(args, "checkpoint_activations", False)
 
 
 @register_model_architecture("convs2s", "convs2s_iwslt_de_en")

@@ -6,6 +6,7 @@ from typing import Callable, List, Optional, Sequence, Tuple
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from torch.utils.checkpoint import checkpoint
 
 from .dropout import Dropout
 from .weight_norm import WeightNormConvTBC, WeightNormLinear, glu_input_std, linear_std
@@ -74,7 +75,7 @@ class ConvBlock(nn.Module):
         return F.glu(product(x), dim=1), window  # B x out
 
     def add_residual(
-        self, x: Tensor, outputs: List[Tensor], projection: Optional[Callable[[Tensor], Tensor]] = None
+        self, x: Tensor, outputs: Sequence[Tensor], projection: Optional[Callable[[Tensor], Tensor]] = None
     ) -> Tensor:
         """(x + residual) * sqrt(0.5), the residual taken ``self.residual`` outputs back in ``outputs``;
         ``projection`` stands for ``residual_projection`` (the decoder's folded product for a pass)."""
@@ -84,6 +85,18 @@ class ConvBlock(nn.Module):
         if self.residual_projection is not None:
             residual = (projection or self.residual_projection)(residual)
         return (x + residual) * math.sqrt(0.5)
+
+
+def run_block(block_fn: Callable[..., object], *args, checkpointed: bool):
+    """``block_fn(*args)``: one block of a full pass. With ``checkpointed`` (``--checkpoint-activations``) and
+    gradients on, through torch's activation checkpointing: the backward pass keeps the arguments alone and runs
+    ``block_fn`` again for the rest, with the random state of the first run (so the same dropout masks).
+
+    Porting note (fconv): fconv keeps every activation of every block for the backward pass; fairseq's transformer
+    offers this flag, fconv does not."""
+    if checkpointed and torch.is_grad_enabled():
+        return checkpoint(block_fn, *args, use_reentrant=False)
+    return block_fn(*args)
 
 
 def build_blocks(layers: Sequence, dropout: float, causal: bool) -> List[ConvBlock]:
