@@ -7,13 +7,15 @@
 #   scripts/gpu_checks.sh recipe   # the Multi30k recipe, fairseq-generate --fp16 and --bf16 against fp32,
 #                                  # benchmarks.bf16_generation (~5 min)
 #   scripts/gpu_checks.sh forms    # benchmarks.train_forms: the compiled update against the eager one, bf16 and fp32
+#   scripts/gpu_checks.sh memory   # benchmarks.checkpoint_activations: --checkpoint-activations' memory and time,
+#                                  # the harness's batch and a 256 x 101-token one (DEVICE=cpu: on the CPU)
 #
 # With the device tool: run(command="scripts/gpu_checks.sh bench", carry=[".gpu_kit"]). Logs and results go to
 # $OUT (the tool's folder that comes back; ./gpu_out where it is unset), at most 8 files a stage.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
-STAGE=${1:?usage: scripts/gpu_checks.sh bench|recipe|forms}
+STAGE=${1:?usage: scripts/gpu_checks.sh bench|recipe|forms|memory}
 KIT=${KIT:-.gpu_kit}
 OUT=${OUT:-gpu_out}
 PY=${PY:-python3}
@@ -79,8 +81,14 @@ case "$STAGE" in
         --dtype "$dtype"
     done
     ;;
+  memory)
+    ck=("$PY" -m benchmarks.checkpoint_activations --device "${DEVICE:-cuda}" --rounds 3)
+    step memory_harness 250 "${ck[@]}" --json "$OUT/checkpoint_activations_harness.json"
+    step memory_big 280 "${ck[@]}" --sizes wmt_en_de --sentences 256 --length 100 \
+      --json "$OUT/checkpoint_activations_big.json"
+    ;;
   *)
-    echo "unknown stage $STAGE: bench, recipe or forms" >&2
+    echo "unknown stage $STAGE: bench, recipe, forms or memory" >&2
     exit 2
     ;;
 esac
