@@ -13,10 +13,7 @@ last); here no update runs beside another model.
 
 import argparse
 import json
-import subprocess
-import sys
 import time
-from pathlib import Path
 from typing import Dict, List
 
 import torch
@@ -102,12 +99,8 @@ def main(argv=None) -> None:
 
 def _worker(variant: str, size_name: str, updates: int, keep: bool, threads: int = 0) -> List[float]:
     """The update seconds of ``update_seconds`` run in a fresh Python process (malloc kept and threads as asked)."""
-    cmd = [sys.executable, "-m", "benchmarks.alone", "--worker", variant, size_name, "--updates", str(updates)]
-    cmd += ["--threads", str(threads)] + (["--keep-freed-memory"] if keep else [])
-    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=Path(__file__).resolve().parent.parent)
-    if proc.returncode != 0:
-        raise RuntimeError(f"{' '.join(cmd)} failed:\n{proc.stderr[-2000:]}")
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    args = ["--worker", variant, size_name, "--updates", str(updates), "--threads", str(threads)]
+    return measure.fresh_process_json("benchmarks.alone", args + (["--keep-freed-memory"] if keep else []))
 
 
 if __name__ == "__main__":

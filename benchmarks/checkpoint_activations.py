@@ -16,8 +16,6 @@ kept: above 1, what it costs).
 
 import argparse
 import json
-import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Dict, List
@@ -34,14 +32,11 @@ def measure_mode(mode: str, size_name: str, sentences: int, length: int, updates
     """Median seconds of ``updates`` training updates (after one untimed) and the memory all of them reach (MiB
     above the state before the first), at ``size_name`` with activations ``mode`` (of ``MODES``), in this process."""
     device = torch.device(device_name)
-    pair = measure.training_pair(size_name, device)
-    model = pair.convs2s.to(device)
-    del pair  # fconv's weights out of the measured memory
+    fconv, model, sample, pad = measure.training_pair(size_name, device, sentences, length)
+    del fconv  # its weights out of the measured memory
     for stack in (model.encoder, model.decoder):
         stack.checkpoint_activations = mode == "checkpointed"
-    dictionary = model.decoder.dictionary
-    sample = measure.train_sample(dictionary, sentences, length, device)
-    step = measure.TrainStep(model, sample, dictionary.pad(), fused_loss=True)
+    step = measure.TrainStep(model.to(device), sample, pad, fused_loss=True)
     if device.type == "cuda":
         torch.cuda.synchronize(device)
         before = torch.cuda.memory_allocated(device) / 2**20
@@ -64,13 +59,9 @@ def measure_mode(mode: str, size_name: str, sentences: int, length: int, updates
 
 def _worker(mode: str, size_name: str, args) -> Dict:
     """``measure_mode`` in a fresh Python process."""
-    cmd = [sys.executable, "-m", "benchmarks.checkpoint_activations", "--worker", mode, size_name]
-    cmd += ["--sentences", str(args.sentences), "--length", str(args.length), "--updates", str(args.updates)]
-    cmd += ["--device", args.device, "--threads", str(args.threads)]
-    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=Path(__file__).resolve().parent.parent)
-    if proc.returncode != 0:
-        raise RuntimeError(f"{' '.join(cmd)} failed:\n{proc.stderr[-2000:]}")
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    cmd = ["--worker", mode, size_name, "--sentences", str(args.sentences), "--length", str(args.length)]
+    cmd += ["--updates", str(args.updates), "--device", args.device, "--threads", str(args.threads)]
+    return measure.fresh_process_json("benchmarks.checkpoint_activations", cmd)
 
 
 def summary(rounds: List[Dict[str, Dict]]) -> Dict[str, object]:

@@ -2,13 +2,16 @@
 
 import copy
 import functools
+import json
 import math
 import os
 import platform
 import statistics
 import subprocess
+import sys
 import threading
 import time
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Callable, Dict, List, NamedTuple, Optional, Tuple
 
@@ -147,12 +150,23 @@ class TrainingPair(NamedTuple):
     pad: int
 
 
-def training_pair(size_name: str, device: torch.device) -> TrainingPair:
-    """:class:`TrainingPair` at ``size_name``, one of ``pair.SIZES``."""
+def training_pair(size_name: str, device: torch.device, sentences: int = 64, length: int = 25) -> TrainingPair:
+    """:class:`TrainingPair` at ``size_name``, one of ``pair.SIZES`` (a batch of ``sentences`` x ``length`` + EOS
+    tokens instead of the harness's 64 x 25 where asked)."""
     size = SIZES[size_name]
     dictionary = make_dictionary(size.vocab)
     fconv, convs2s = build_pair(size, dictionary, dropout=0.2)
-    return TrainingPair(fconv, convs2s, train_sample(dictionary, 64, 25, device), dictionary.pad())
+    return TrainingPair(fconv, convs2s, train_sample(dictionary, sentences, length, device), dictionary.pad())
+
+
+def fresh_process_json(module: str, args: List[str]):
+    """``python -m module args`` in a fresh Python process from the repository root: its last line of output, read
+    as JSON (the benchmarks' workers print their figures there)."""
+    cmd = [sys.executable, "-m", module, *args]
+    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=Path(__file__).resolve().parent.parent)
+    if proc.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd)} failed:\n{proc.stderr[-3000:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
 class TrainStep:

@@ -11,8 +11,6 @@ import argparse
 import copy
 import gc
 import json
-import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Dict, List, Tuple
@@ -336,14 +334,11 @@ def memory(args, device) -> List[Dict]:
     rows = []
     for size_name in args.sizes.split(","):
         for impl in IMPLS + (FUSED,):
-            cmd = [sys.executable, "-m", "benchmarks.run", "--device", args.device, "--src-len", str(args.src_len)]
+            cmd = ["--device", args.device, "--src-len", str(args.src_len)]
             cmd += ["--memory-worker", impl, size_name, "--threads", str(torch.get_num_threads())]
             cmd += ["--quick"] if args.quick else []
             cmd += ["--keep-freed-memory"] if args.keep_freed_memory else []
-            proc = subprocess.run(cmd, capture_output=True, text=True, cwd=Path(__file__).resolve().parent.parent)
-            if proc.returncode != 0:
-                raise RuntimeError(f"memory worker failed:\n{proc.stderr[-3000:]}")
-            row = json.loads(proc.stdout.strip().splitlines()[-1])
+            row = measure.fresh_process_json("benchmarks.run", cmd)
             log(f"memory {size_name} {impl}: {row}")
             rows.append(row)
     return rows

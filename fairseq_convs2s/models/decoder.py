@@ -224,7 +224,7 @@ class ConvS2SDecoder(FairseqIncrementalDecoder):
         keep_attn = self.need_attn and not self.training
         attn_sum: Optional[Tensor] = None
         outputs = [x]
-        sources = tuple(encoder_out[:4])
+        sources = encoder_out[:4]  # keys, values, padding mask, scale
         for block in self.blocks:
             x, attn = run_block(
                 _decoder_block, block, x, tuple(outputs), g, sources, checkpointed=self.checkpoint_activations
