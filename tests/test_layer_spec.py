@@ -31,6 +31,9 @@ def test_residual_lookback_and_single_tuple():
         ("[(True, 3)]", "layer 0"),
         ("__import__('os').system('echo pwned')", "unsupported expression"),
         ("[(512, 3)] * 10 ** 9", "unsupported expression"),
+        ("[(16, 3)] * 10000 * 10000", "has 100000000 entries, more than 10000"),
+        ("[(16, 3)] * 5000 + [(16, 3)] * 5001", "has 10001 entries"),
+        ("3 * [(16, 3)] * 4000", "has 12000 entries"),
     ],
 )
 def test_malformed_specs_name_the_flag_and_the_problem(spec, message):

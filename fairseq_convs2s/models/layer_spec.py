@@ -9,7 +9,7 @@ and ``* n`` (repeat) are accepted, so ``"[(512, 3)] * 9 + [(1024, 3)] * 4 + [(20
 """
 
 import ast
-from typing import Any, List, NamedTuple, Union
+from typing import Any, Callable, List, NamedTuple, Union
 
 
 class LayerSpecError(ValueError):
@@ -45,17 +45,29 @@ def _literal(node: ast.AST, text: str) -> Any:
     if isinstance(node, ast.BinOp):
         left, right = _literal(node.left, text), _literal(node.right, text)
         if isinstance(node.op, ast.Add) and isinstance(left, list) and isinstance(right, list):
-            return left + right
+            return _bounded(len(left) + len(right), text, lambda: left + right)
         if isinstance(node.op, ast.Mult):
             if isinstance(left, list) and _is_count(right):
-                return left * right
+                return _bounded(len(left) * right, text, lambda: left * right)
             if _is_count(left) and isinstance(right, list):
-                return left * right
+                return _bounded(left * len(right), text, lambda: left * right)
     raise LayerSpecError(f"unsupported expression {ast.get_source_segment(text, node)!r} in {text!r}")
 
 
+# the most entries a spec's list may reach: far past any model (the presets have at most 20 blocks), and it keeps
+# a typo such as "* 10000 * 10000" from building a list of 10^8 layers before anything is checked
+MAX_ENTRIES = 10_000
+
+
 def _is_count(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= 10_000
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= MAX_ENTRIES
+
+
+def _bounded(entries: int, text: str, build: Callable[[], list]) -> list:
+    """``build()``, a list of ``entries`` entries, unless that passes :data:`MAX_ENTRIES`."""
+    if entries > MAX_ENTRIES:
+        raise LayerSpecError(f"{text!r} has {entries} entries, more than {MAX_ENTRIES}")
+    return build()
 
 
 _ATTENTION_HELP = 'expected True, False or a list of booleans, one per decoder layer, e.g. "[False] * 2 + [True]"'
