@@ -5,7 +5,9 @@ fairseq 0.12's ``data_utils.batch_by_size`` drops the last batch when its size i
 scores, and ``fairseq-validate`` and validation during training average over, up to 7 sentences fewer than the
 split holds, without a word (the quickstart's 500 test sentences came back as 496). Changing the batches would
 change every training run's batches and random stream, so they are left as fairseq makes them; importing the
-plugin wraps the function to log a warning with the count and the flag that keeps every sentence.
+plugin wraps the function to log a warning with the count and the flag that keeps every sentence. Where no
+sentence is left to batch at all, fairseq fails with a bare ``IndexError: list index out of range``; the
+wrapper says why instead.
 """
 
 import inspect
@@ -14,6 +16,12 @@ import logging
 from fairseq.data import data_utils
 
 logger = logging.getLogger(__name__)
+
+NO_SENTENCES = (
+    "no sentences to batch: the split is empty, or fairseq left out every sentence as longer than the model's "
+    "max positions (--max-source-positions, --max-target-positions; in training and with "
+    "--skip-invalid-size-inputs-valid-test it skips them, with a warning saying how many)"
+)
 
 
 def warn_on_dropped_sentences() -> None:
@@ -26,10 +34,16 @@ def warn_on_dropped_sentences() -> None:
     signature = inspect.signature(batch_by_size)
 
     def batch_by_size_and_warn(*args, **kwargs):
-        batches = batch_by_size(*args, **kwargs)
         call = signature.bind(*args, **kwargs)
         call.apply_defaults()
         indices, multiple = call.arguments["indices"], call.arguments["required_batch_size_multiple"]
+        try:
+            batches = batch_by_size(*args, **kwargs)
+        except IndexError:
+            if len(indices):
+                raise
+            # fairseq reads the last batch of none (with a --required-batch-size-multiple above 1)
+            raise ValueError(NO_SENTENCES) from None
         left_out = len(indices) - sum(len(batch) for batch in batches)
         if left_out > 0 and call.arguments.get("fixed_shapes") is None:
             logger.warning(

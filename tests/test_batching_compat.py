@@ -43,3 +43,13 @@ def test_no_warning_when_every_sentence_is_batched(dataset, caplog):
         also = dataset.batch_by_size(indices[:48], max_sentences=16, required_batch_size_multiple=8)
     assert sum(len(b) for b in batches) == 52 and sum(len(b) for b in also) == 48
     assert "left the last" not in caplog.text
+
+
+def test_no_sentence_left_to_batch_is_named_not_an_index_error(dataset):
+    """Every sentence filtered out (here none given): fairseq's own code fails reading the last of no batches."""
+    none = dataset.ordered_indices()[:0]
+    with pytest.raises(IndexError):
+        data_utils.batch_by_size.__wrapped__(none, dataset.num_tokens, None, None, 16, 8)
+    with pytest.raises(ValueError, match=r"no sentences to batch: the split is empty, or .* \(--max-source-positions"):
+        dataset.batch_by_size(none, max_sentences=16, required_batch_size_multiple=8)
+    assert dataset.batch_by_size(none, max_sentences=16, required_batch_size_multiple=1) == []
