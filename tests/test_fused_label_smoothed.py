@@ -305,3 +305,10 @@ def test_fairseq_train_with_the_fused_criterion_follows_label_smoothed_cross_ent
             assert b[key] == pytest.approx(a[key], abs=2e-3), (key, a, b)
     states = [load_checkpoint(tmp_path / c / "checkpoint_last.pt") for c in logs]
     assert max_param_difference(*states) < 1e-4
+
+
+@pytest.mark.parametrize("label_smoothing", [-0.1, 1.0, 2.0])
+def test_label_smoothing_outside_zero_to_one_is_refused(label_smoothing):
+    """fairseq's criterion trains on with any value (above 1 the target's weight in the loss is negative)."""
+    with pytest.raises(ValueError, match=rf"--label-smoothing must lie in \[0, 1\), got {label_smoothing}"):
+        _criteria(make_dictionary(), label_smoothing=label_smoothing)

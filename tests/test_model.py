@@ -384,6 +384,28 @@ def test_shared_input_output_embeddings():
         build_model("convs2s_iwslt_de_en", share_input_output_embed=True, decoder_out_embed_dim=7)
 
 
+@pytest.mark.parametrize(
+    "flags, message",
+    [
+        ({"dropout": 1.5}, r"--dropout must lie in \[0, 1\).*got 1.5"),  # fconv: math domain error
+        ({"dropout": 1.0}, r"--dropout must lie in \[0, 1\).*got 1.0"),  # fconv: NaN gradients
+        ({"dropout": -0.1}, r"--dropout must lie in \[0, 1\).*got -0.1"),  # fconv: trains on
+        ({"encoder_embed_dim": 0, "decoder_embed_dim": 0}, "--encoder-embed-dim must be at least 1, got 0"),
+        ({"decoder_out_embed_dim": 0}, "--decoder-out-embed-dim must be at least 1, got 0"),
+        ({"max_source_positions": 0}, "--max-source-positions must be at least 1, got 0"),
+        ({"max_target_positions": -3}, "--max-target-positions must be at least 1, got -3"),
+    ],
+)
+def test_impossible_sizes_are_refused_naming_the_flag(flags, message):
+    with pytest.raises(ValueError, match=message):
+        build_model("convs2s_iwslt_de_en", **flags)
+
+
+def test_the_edges_of_the_sizes_build():
+    model = build_model("convs2s_iwslt_de_en", dropout=0.0, max_source_positions=1, max_target_positions=1)
+    assert model.encoder.max_positions() == 1 and model.decoder.max_positions() == 1
+
+
 def test_attention_scaling_variants():
     """'paper' drops fconv's two sqrt(0.5) factors: same weights, different outputs."""
     seed_all(0)

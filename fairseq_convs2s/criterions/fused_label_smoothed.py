@@ -305,6 +305,12 @@ class FusedLabelSmoothedCrossEntropyCriterion(LabelSmoothedCrossEntropyCriterion
     the logits in one fused pass where the model normalizes by a plain log-softmax; for a model that can
     project selected positions (ConvS2S), from the logits of the target's non-padding positions alone."""
 
+    def __init__(self, task, sentence_avg, label_smoothing, ignore_prefix_size=0, report_accuracy=False):
+        # fairseq's criterion takes any --label-smoothing and trains on: above 1 the target's weight turns negative
+        if not 0.0 <= label_smoothing < 1.0:
+            raise ValueError(f"--label-smoothing must lie in [0, 1), got {label_smoothing}")
+        super().__init__(task, sentence_avg, label_smoothing, ignore_prefix_size, report_accuracy)
+
     def forward(self, model, sample, reduce=True):
         if not (reduce and projects_selected_rows(model) and normalizes_by_log_softmax(model)):
             return super().forward(model, sample, reduce=reduce)

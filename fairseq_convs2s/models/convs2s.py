@@ -86,6 +86,7 @@ class ConvS2SModel(FairseqEncoderDecoderModel):
         encoder_layers = parse_layer_spec(cfg.encoder_layers, "--encoder-layers")
         decoder_layers = parse_layer_spec(cfg.decoder_layers, "--decoder-layers")
         attention = parse_attention_spec(cfg.decoder_attention, len(decoder_layers))
+        _check_sizes(cfg, args)
         if cfg.encoder_embed_dim != cfg.decoder_embed_dim:
             # the query d (decoder width f) is dotted with the keys z (encoder width f)
             raise ValueError(
@@ -168,6 +169,23 @@ _USE_THE_TRAINING_DICTIONARY = (
     "use the dictionary the model was trained with (fairseq-preprocess --srcdict/--tgtdict with the training "
     "data's dict files, or the checkpoint's own data dir)"
 )
+
+
+def _check_sizes(cfg: ConvS2SConfig, args: Namespace) -> None:
+    """Refuse sizes no model has, naming the flag: fconv builds on with them and fails later with a bare
+    ``ZeroDivisionError`` or ``math domain error`` (an initialization std of sqrt(p / 0) or of a negative
+    retain probability p), trains on after a negative dropout, or sees every gradient turn NaN (dropout 1)."""
+    if not 0.0 <= cfg.dropout < 1.0:
+        raise ValueError(f"--dropout must lie in [0, 1) (the probability of dropping a unit), got {cfg.dropout}")
+    for flag, value in (
+        ("--encoder-embed-dim", cfg.encoder_embed_dim),
+        ("--decoder-embed-dim", cfg.decoder_embed_dim),
+        ("--decoder-out-embed-dim", cfg.decoder_out_embed_dim),
+        ("--max-source-positions", getattr(args, "max_source_positions", None)),
+        ("--max-target-positions", getattr(args, "max_target_positions", None)),
+    ):
+        if value is not None and value < 1:
+            raise ValueError(f"{flag} must be at least 1, got {value}")
 
 
 def _dictionary_fingerprint(dictionary) -> str:
