@@ -41,21 +41,20 @@ def prepared(model, beam: int, bf16: bool):
     return model
 
 
+def harness_models(size_name: str, beam: int, device):
+    """The harness's convs2s model at ``size_name`` (random weights, no dropout), its dictionary, and copies of it
+    prepared for generation in fp32 and with ``--bf16``: (dictionary, model, {"fp32": ..., "bf16": ...})."""
+    dictionary = make_dictionary(SIZES[size_name].vocab)
+    convs2s = build_pair(SIZES[size_name], dictionary, dropout=0.0)[1].to(device)
+    return dictionary, convs2s, {"fp32": prepared(convs2s, beam, False), "bf16": prepared(convs2s, beam, True)}
+
+
 def compare(size_name: str, batches: List[int], beam: int, repeats: int, src_len: int, device) -> List[Dict]:
     """fp32 against bf16 beam search of the harness's convs2s model at ``size_name``, at each of ``batches``."""
-    size = SIZES[size_name]
-    dictionary = make_dictionary(size.vocab)
-    convs2s = build_pair(size, dictionary, dropout=0.0)[1].to(device)
-    models = {"fp32": prepared(convs2s, beam, False), "bf16": prepared(convs2s, beam, True)}
+    dictionary, _, models = harness_models(size_name, beam, device)
     rows = []
     for batch in batches:
-        sentences = max(batch, 16)
-        samples = measure.source_batches(dictionary, sentences, src_len, batch, device)
-        runs = {name: measure.generator_fn(m, dictionary, samples, beam, src_len) for name, m in models.items()}
-        times = measure.alternate({n: r[0] for n, r in runs.items()}, repeats, warmup=1, device=device)
-        row = {"size": size_name, "beam": beam, "batch": batch, "sentences": sentences, "repeats": repeats}
-        for name in models:
-            row[f"{name}_sentences_per_s"] = sentences / measure.median(times[name])
+        row = {"size": size_name, **beam_speeds(models, dictionary, batch, beam, repeats, src_len, device)}
         row["bf16_over_fp32"] = row["bf16_sentences_per_s"] / row["fp32_sentences_per_s"]
         print(
             f"{size_name} beam {beam} batch {batch}: fp32 {row['fp32_sentences_per_s']:.1f} "
@@ -64,6 +63,18 @@ def compare(size_name: str, batches: List[int], beam: int, repeats: int, src_len
         )
         rows.append(row)
     return rows
+
+
+def beam_speeds(models: Dict, dictionary, batch: int, beam: int, repeats: int, src_len: int, device) -> Dict:
+    """Beam search of each of ``models`` over the same random sources (at least 16) in batches of ``batch``,
+    every hypothesis forced to ``src_len`` tokens, timings alternated: ``<name>_sentences_per_s`` (medians)."""
+    sentences = max(batch, 16)
+    samples = measure.source_batches(dictionary, sentences, src_len, batch, device)
+    runs = {name: measure.generator_fn(m, dictionary, samples, beam, src_len)[0] for name, m in models.items()}
+    times = measure.alternate(runs, repeats, warmup=1, device=device)
+    row = {"beam": beam, "batch": batch, "sentences": sentences, "repeats": repeats}
+    row.update({f"{name}_sentences_per_s": sentences / measure.median(times[name]) for name in models})
+    return row
 
 
 _SPEED = re.compile(r"Translated [0-9,]+ sentences .* \(([0-9.]+) sentences/s")

@@ -9,9 +9,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 from cli_helpers import make_splits, preprocess
-from utils import build_model
+from utils import build_model, random_batch, seed_all
 
-from benchmarks import alone, bf16_generation, checkpoint_activations, measure
+from benchmarks import alone, bf16_generation, checkpoint_activations, int8_decoding, measure
 from benchmarks.ablations import compiled_steps
 from benchmarks.against_revision import module_at
 from benchmarks.chunk_forms import main as chunk_forms_main
@@ -125,6 +125,49 @@ def test_bf16_generation_prepares_copies_in_each_precision_and_writes_both_speed
     assert row["fp32_sentences_per_s"] > 0 and row["bf16_sentences_per_s"] > 0
     assert row["bf16_over_fp32"] == pytest.approx(row["bf16_sentences_per_s"] / row["fp32_sentences_per_s"])
     assert f"= {row['bf16_over_fp32']:.2f}x" in capsys.readouterr().out
+
+
+def test_int8_decoding_multiplies_the_marked_copys_steps_in_int8_and_writes_three_speeds(tmp_path, capsys, monkeypatch):
+    """``benchmarks.int8_decoding``: the int8 copy's decoding steps go through int8 products (a packed weight per
+    layer, logits near the fp32 copy's and not equal to them), an unmarked model's steps stay fp32, and the run
+    writes fp32, bf16 and int8 sentences/s with the ratios."""
+    monkeypatch.setattr(weight_norm.FoldedProduct, "__call__", weight_norm.FoldedProduct.__call__)  # undone after
+    int8_decoding.use_int8_steps()
+    seed_all(0)
+    model = build_model(dropout=0.0)
+    fp32, int8 = bf16_generation.prepared(model, 5, False), int8_decoding.int8_copy(model, 5)
+    d = model.encoder.dictionary
+    src, prev = random_batch(d, [6, 4], seed=1), random_batch(d, [1, 1], seed=2, left_pad=False)
+    logits = []
+    with torch.no_grad():
+        for net in (fp32, int8):
+            encoder_out = net.encoder(src, src.ne(d.pad()).sum(1))
+            logits.append(net.decoder(prev, encoder_out, incremental_state={})[0])
+    assert not torch.equal(logits[0], logits[1])
+    torch.testing.assert_close(logits[1], logits[0], rtol=0, atol=0.05 * logits[0].abs().max().item())
+    caches = [[k for m in net.decoder.modules() for k in getattr(m, "_inference_cache", {})] for net in (fp32, int8)]
+    assert not any(k.endswith(".int8") for k in caches[0])
+    assert sum(k.endswith(".int8") for k in caches[1]) >= 5  # input, conv windows, residual..., output projections
+
+    int8_decoding.main(
+        [
+            "--sizes",
+            "iwslt",
+            "--batches",
+            "1",
+            "--repeats",
+            "1",
+            "--src-len",
+            "3",
+            "--no-products",
+            "--out",
+            str(tmp_path),
+        ]
+    )
+    (row,) = json.loads((tmp_path / "int8_decoding_cpu.json").read_text())["beam"]
+    assert min(row[f"{form}_sentences_per_s"] for form in ("fp32", "bf16", "int8")) > 0
+    assert row["int8_over_bf16"] == pytest.approx(row["int8_sentences_per_s"] / row["bf16_sentences_per_s"])
+    assert f"= {row['int8_over_fp32']:.2f}x fp32, {row['int8_over_bf16']:.2f}x bf16" in capsys.readouterr().out
 
 
 def test_train_forms_refuses_cpu_only_variants_on_a_gpu(capsys):
