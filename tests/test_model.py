@@ -4,6 +4,7 @@ import math
 
 import pytest
 import torch
+from fairseq import utils as fairseq_utils
 from utils import (
     PRESETS,
     beam_search,
@@ -16,6 +17,7 @@ from utils import (
 )
 
 from fairseq_convs2s.criterions.fused_label_smoothed import ProjectedLossTargets
+from fairseq_convs2s.models.convs2s import _load_embedding_file
 
 
 @pytest.mark.parametrize("arch", PRESETS)
@@ -466,7 +468,26 @@ def test_pretrained_embeddings_are_loaded_from_a_file(tmp_path):
     """--encoder-embed-path reads fairseq's text format (a header line, then 'word v1 v2 ...')."""
     d = make_dictionary()
     path = tmp_path / "emb.txt"
-    path.write_text("2 12\nw3 " + " ".join(["0.5"] * 12) + "\nnot_in_dict " + " ".join(["9"] * 12) + "\n")
+    path.write_text("2 12\nw3 " + " ".join(["0.5"] * 12) + "\n\nnot_in_dict " + " ".join(["9"] * 12) + " \n\n")
     model = build_model("convs2s_iwslt_de_en", dictionary=d, encoder_embed_path=str(path))
     torch.testing.assert_close(model.encoder.embed_tokens.weight[d.index("w3")], torch.full((12,), 0.5))
     assert not torch.allclose(model.decoder.embed_tokens.weight[d.index("w3")], torch.full((12,), 0.5))
+    ours, fairseqs = _load_embedding_file(str(path), d, 12, "encoder"), fairseq_utils.parse_embedding(str(path))
+    assert ours.keys() == fairseqs.keys() - {""}  # fairseq's reader files each blank line under ''
+    assert all(torch.equal(ours[w], fairseqs[w]) and ours[w].dtype == fairseqs[w].dtype for w in ours)
+
+
+@pytest.mark.parametrize(
+    "lines, message",
+    [
+        (["w3 " + " ".join(["0.5"] * 8)], r"emb.txt, line 2: 'w3' has 8 numbers, the model's decoder embeddings 12 "),
+        (["w3 " + " ".join(["0.5"] * 12), "w4 0.5 abc"], r"emb.txt, line 3: 'w4' is not followed by numbers"),
+        (["", "w3 " + " ".join(["0.5"] * 12), "", "w4"], r"line 5: 'w4' has 0 numbers"),  # blank lines skipped
+    ],
+)
+def test_a_malformed_embedding_file_names_the_flag_file_line_and_word(tmp_path, lines, message):
+    """fconv stops with torch's 'expanded size ... must match' or 'could not convert string to float'."""
+    path = tmp_path / "emb.txt"
+    path.write_text("2 12\n" + "\n".join(lines) + "\n")
+    with pytest.raises(ValueError, match="--decoder-embed-path .*" + message):
+        build_model("convs2s_iwslt_de_en", decoder_embed_path=str(path))

@@ -94,8 +94,12 @@ class ConvS2SModel(FairseqEncoderDecoderModel):
                 "must be equal: attention scores are dot products between the two"
             )
 
-        src_embed = _load_embedding_file(cfg.encoder_embed_path, task.source_dictionary)
-        tgt_embed = _load_embedding_file(cfg.decoder_embed_path, task.target_dictionary)
+        src_embed = _load_embedding_file(
+            cfg.encoder_embed_path, task.source_dictionary, cfg.encoder_embed_dim, "encoder"
+        )
+        tgt_embed = _load_embedding_file(
+            cfg.decoder_embed_path, task.target_dictionary, cfg.decoder_embed_dim, "decoder"
+        )
         scaling = str(cfg.attention_scaling)
         encoder = ConvS2SEncoder(
             task.source_dictionary,
@@ -249,9 +253,33 @@ def _argparse_type(parse, flag):
     return check
 
 
-def _load_embedding_file(path, dictionary):
+def _load_embedding_file(path, dictionary, embed_dim: int, side: str):
+    """Pre-trained embeddings in fairseq's text format (a header line, then a word and its ``embed_dim`` numbers per
+    line) -> {word: tensor}, as ``fairseq.utils.parse_embedding`` reads them, or None without a path.
+
+    Porting note (fconv): fconv reads the file with ``parse_embedding`` and copies each vector into the table: a
+    word followed by anything but numbers stops it with ``could not convert string to float``, a vector of another
+    width with torch's ``The expanded size of the tensor (512) must match the existing size (300)``. Here both
+    are a ``ValueError`` naming the flag, the file, the line and the word (and ``--<side>-embed-dim``)."""
     if not path:
         return None
-    embed_dict = utils.parse_embedding(path)
+    flag = f"--{side}-embed-path"
+    embed_dict = {}
+    with open(path, encoding="utf-8") as lines:
+        next(lines, None)  # the header: word count and width
+        for number, line in enumerate(lines, start=2):
+            if not line.strip():
+                continue  # (fairseq's reader files a blank line under the word '', which no dictionary holds)
+            word, *numbers = line.rstrip().split(" ")
+            try:
+                vector = torch.tensor([float(x) for x in numbers])
+            except ValueError:
+                raise ValueError(f"{flag} {path}, line {number}: {word!r} is not followed by numbers") from None
+            if len(vector) != embed_dim:
+                raise ValueError(
+                    f"{flag} {path}, line {number}: {word!r} has {len(vector)} numbers, the model's {side} "
+                    f"embeddings {embed_dim} (--{side}-embed-dim)"
+                )
+            embed_dict[word] = vector
     utils.print_embed_overlap(embed_dict, dictionary)
     return embed_dict
