@@ -1,16 +1,18 @@
 """ConvS2S (Gehring et al., 2017) as a fairseq plugin: ``--user-dir fairseq_convs2s --arch convs2s_*``.
 
 Importing the package registers the ``convs2s`` model, its ``--arch`` presets and ``--criterion
-sequence_risk``, lets fairseq's checkpoints load under torch's safe unpickler, makes fairseq's diverse beam
+sequence_risk``, lets fairseq's checkpoints load under torch's safe unpickler (and without the pre-trained
+embedding files a model was trained from), makes fairseq's diverse beam
 search decode more than one batch (``search_compat``), and warns when fairseq's batching leaves sentences out
 (``batching_compat``).
 """
 
 from .batching_compat import warn_on_dropped_sentences
-from .checkpoint_compat import allow_fairseq_checkpoints
+from .checkpoint_compat import allow_fairseq_checkpoints, build_models_to_load
 from .search_compat import fix_diverse_beam_search
 
 allow_fairseq_checkpoints()
+build_models_to_load()
 fix_diverse_beam_search()
 warn_on_dropped_sentences()
 

@@ -4,11 +4,17 @@ fairseq 0.12 calls ``torch.load(f, map_location=...)`` and its checkpoints pickl
 model's ``args``/``cfg.model``), so stock ``fairseq-generate --path ckpt.pt`` fails with "Unsupported global:
 GLOBAL argparse.Namespace". Rather than turning the safe loader off, this allow-lists the few plain classes that
 fairseq checkpoints hold; anything else still fails to unpickle, as torch intends.
+
+And a model built to load a checkpoint reads no pre-trained embedding file (:func:`build_models_to_load`).
 """
 
 import argparse
+import contextlib
+import contextvars
+import functools
 
 import torch
+from fairseq import checkpoint_utils
 
 # the classes fairseq 0.12 writes into checkpoints besides tensors and builtin containers
 FAIRSEQ_CHECKPOINT_GLOBALS = [argparse.Namespace]
@@ -19,3 +25,45 @@ def allow_fairseq_checkpoints() -> None:
     add_safe_globals = getattr(torch.serialization, "add_safe_globals", None)
     if add_safe_globals is not None:
         add_safe_globals(FAIRSEQ_CHECKPOINT_GLOBALS)
+
+
+# True while fairseq builds models only to load a checkpoint's weights into them (see build_models_to_load)
+_BUILDING_TO_LOAD: contextvars.ContextVar = contextvars.ContextVar("convs2s_building_to_load", default=False)
+
+
+@contextlib.contextmanager
+def building_to_load():
+    """Inside, a convs2s model is built only to receive a checkpoint's weights: it reads no pre-trained embedding
+    file (``--encoder-embed-path``, ``--decoder-embed-path``), whose vectors those weights replace."""
+    token = _BUILDING_TO_LOAD.set(True)
+    try:
+        yield
+    finally:
+        _BUILDING_TO_LOAD.reset(token)
+
+
+def is_building_to_load() -> bool:
+    return _BUILDING_TO_LOAD.get()
+
+
+def build_models_to_load() -> None:
+    """Wrap ``checkpoint_utils.load_model_ensemble_and_task`` (what fairseq-generate, fairseq-interactive,
+    fairseq-validate and the hub interface load checkpoints with: it builds each model from the checkpoint's cfg
+    and loads the checkpoint's weights into it) to build inside :func:`building_to_load` (idempotent).
+
+    Porting note (fconv): a model trained with ``--encoder-embed-path FILE`` keeps the path in its saved cfg, and
+    fconv (as every fairseq model) reads FILE again whenever the checkpoint is loaded, only for the weights to
+    overwrite what it read: decoding fails with ``FileNotFoundError`` wherever FILE is not (another machine), and
+    re-parses a GloVe-size file at every load where it is. A convs2s model skips the file there; training a fresh
+    model (``fairseq-train``, which builds without this wrapper) reads it as before."""
+    load = checkpoint_utils.load_model_ensemble_and_task
+    if getattr(load, "builds_to_load", False):
+        return
+
+    @functools.wraps(load)
+    def load_model_ensemble_and_task(*args, **kwargs):
+        with building_to_load():
+            return load(*args, **kwargs)
+
+    load_model_ensemble_and_task.builds_to_load = True
+    checkpoint_utils.load_model_ensemble_and_task = load_model_ensemble_and_task

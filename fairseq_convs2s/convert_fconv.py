@@ -134,6 +134,7 @@ def _check_loads(args: Namespace, state: Dict[str, Tensor]) -> None:
 
     from fairseq.data import Dictionary
 
+    from .checkpoint_compat import building_to_load
     from .models.convs2s import ConvS2SModel
 
     def dictionary(size: int) -> Dictionary:
@@ -144,8 +145,10 @@ def _check_loads(args: Namespace, state: Dict[str, Tensor]) -> None:
 
     src = dictionary(state["encoder.embed_tokens.weight"].size(0))
     tgt = dictionary(state["decoder.embed_tokens.weight"].size(0))
-    model = ConvS2SModel.build_model(Namespace(**vars(args)), SimpleNamespace(source_dictionary=src,
-                                                                              target_dictionary=tgt))  # fmt: skip
+    with building_to_load():  # the state's weights, not the pre-trained embedding files fconv was trained from
+        model = ConvS2SModel.build_model(
+            Namespace(**vars(args)), SimpleNamespace(source_dictionary=src, target_dictionary=tgt)
+        )
     try:
         model.load_state_dict(state, strict=True)
     except RuntimeError as e:

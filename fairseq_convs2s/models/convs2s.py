@@ -4,12 +4,14 @@ import hashlib
 import logging
 import os
 from argparse import Namespace
+from typing import Optional
 
 import torch
 from fairseq import utils
 from fairseq.dataclass.utils import gen_parser_from_dataclass
 from fairseq.models import FairseqEncoderDecoderModel, register_model
 
+from ..checkpoint_compat import is_building_to_load
 from ..modules.attention import value_scale_for
 from ..modules.weight_norm import _WeightNorm
 from .config import DEFAULT_MAX_POSITIONS, ConvS2SConfig
@@ -94,12 +96,8 @@ class ConvS2SModel(FairseqEncoderDecoderModel):
                 "must be equal: attention scores are dot products between the two"
             )
 
-        src_embed = _load_embedding_file(
-            cfg.encoder_embed_path, task.source_dictionary, cfg.encoder_embed_dim, "encoder"
-        )
-        tgt_embed = _load_embedding_file(
-            cfg.decoder_embed_path, task.target_dictionary, cfg.decoder_embed_dim, "decoder"
-        )
+        src_embed = _pretrained_embeddings(cfg, "encoder", task.source_dictionary)
+        tgt_embed = _pretrained_embeddings(cfg, "decoder", task.target_dictionary)
         scaling = str(cfg.attention_scaling)
         encoder = ConvS2SEncoder(
             task.source_dictionary,
@@ -253,6 +251,15 @@ def _argparse_type(parse, flag):
     return check
 
 
+def _pretrained_embeddings(cfg: ConvS2SConfig, side: str, dictionary) -> Optional[dict]:
+    """The vectors of ``--{side}-embed-path`` for a model being trained, or None: without the flag, or for a model
+    built to receive a checkpoint's weights, which replace them (``checkpoint_compat.build_models_to_load``)."""
+    path = getattr(cfg, f"{side}_embed_path")
+    if not path or is_building_to_load():
+        return None
+    return _load_embedding_file(path, dictionary, getattr(cfg, f"{side}_embed_dim"), side)
+
+
 def _load_embedding_file(path, dictionary, embed_dim: int, side: str):
     """Pre-trained embeddings in fairseq's text format (a header line, then a word and its ``embed_dim`` numbers per
     line) -> {word: tensor}, as ``fairseq.utils.parse_embedding`` reads them, or None without a path.
@@ -261,8 +268,6 @@ def _load_embedding_file(path, dictionary, embed_dim: int, side: str):
     word followed by anything but numbers stops it with ``could not convert string to float``, a vector of another
     width with torch's ``The expanded size of the tensor (512) must match the existing size (300)``. Here both
     are a ``ValueError`` naming the flag, the file, the line and the word (and ``--<side>-embed-dim``)."""
-    if not path:
-        return None
     flag = f"--{side}-embed-path"
     embed_dict = {}
     with open(path, encoding="utf-8") as lines:
