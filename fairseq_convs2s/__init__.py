@@ -1,9 +1,9 @@
 """ConvS2S (Gehring et al., 2017) as a fairseq plugin: ``--user-dir fairseq_convs2s --arch convs2s_*``.
 
 Importing the package registers the ``convs2s`` model, its ``--arch`` presets and ``--criterion
-sequence_risk``, lets fairseq's checkpoints load under torch's safe unpickler (and without the pre-trained
-embedding files a model was trained from), makes fairseq's diverse beam
-search decode more than one batch (``search_compat``), and warns when fairseq's batching leaves sentences out
+sequence_risk``, lets fairseq's checkpoints load under torch's safe unpickler and without the pre-trained
+embedding files a model was trained from (``checkpoint_compat``), makes fairseq's diverse beam search decode more
+than one batch (``search_compat``), and warns when fairseq's batching leaves sentences out or has none left
 (``batching_compat``).
 """
 
