@@ -22,7 +22,7 @@ from cli_helpers import REPO_ROOT, random_sentence, translate
 
 sys.path.insert(0, str(REPO_ROOT / "examples"))
 
-from recipes import scoring, text  # noqa: E402
+from recipes import pipeline, scoring, text  # noqa: E402
 from recipes.average_checkpoints import average_checkpoints, last_epoch_checkpoints  # noqa: E402
 from recipes.download import sgm_segments, split_train_valid  # noqa: E402
 
@@ -325,6 +325,16 @@ def test_misaligned_corpus_is_an_error(tmp_path):
     write(tmp_path / "b", ["x"])
     with pytest.raises(ValueError, match="different numbers of lines"):
         list(text.read_pairs(tmp_path / "a", tmp_path / "b"))
+
+
+@pytest.mark.parametrize("flag", ["--max-train-lines", "--vocab-size", "--average-last", "--workers"])
+def test_counts_below_one_are_usage_errors(flag, capsys):
+    """--max-train-lines -5 went on to sentencepiece, which stopped on an empty training set."""
+    parser = pipeline.build_parser(pipeline.Recipe(name="t", langs=("en", "de"), raw_prefixes={}), "doc")
+    with pytest.raises(SystemExit) as exit_:
+        parser.parse_args([flag, "0"])
+    assert exit_.value.code == 2 and f"argument {flag}: must be at least 1, got 0" in capsys.readouterr().err
+    assert getattr(parser.parse_args([flag, "3"]), flag[2:].replace("-", "_")) == 3
 
 
 def test_normalize():
