@@ -133,7 +133,7 @@ def device_flags() -> List[str]:
     return [] if torch.cuda.is_available() else ["--cpu"]
 
 
-def positive_int(text: str) -> int:
+def count(text: str) -> int:
     """argparse's type for a count: 0 or less is a usage error, not sentencepiece's or fairseq's crash later."""
     value = int(text)
     if value < 1:
@@ -156,20 +156,13 @@ def build_parser(recipe: Recipe, doc: str) -> argparse.ArgumentParser:
     add("--mirror", help="fetch every download as MIRROR/<file name> (a mirror, or file:///dir of hand downloads)")
     add("--source-lang", default=recipe.langs[0], choices=list(recipe.langs))
     add("--target-lang", default=None, choices=list(recipe.langs), help="default: the other one")
-    add("--max-train-lines", type=positive_int, help="use only the first N training pairs (a quick try, a smoke test)")
-    add(
-        "--vocab-size",
-        type=positive_int,
-        default=recipe.vocab_size,
-        help="joint sentencepiece vocabulary (%(default)s)",
-    )
-    add(
-        "--average-last", type=positive_int, default=recipe.average_last, help="average the last N epochs (%(default)s)"
-    )
+    add("--max-train-lines", type=count, help="use only the first N training pairs (a quick try, a smoke test)")
+    add("--vocab-size", type=count, default=recipe.vocab_size, help="joint sentencepiece vocabulary (%(default)s)")
+    add("--average-last", type=count, default=recipe.average_last, help="average the last N epochs (%(default)s)")
     add("--checkpoint", choices=["avg", "best", "last"], default="avg", help="the model to test (default: avg)")
     add("--train-args", default="", help='more fairseq-train flags, e.g. "--max-epoch 30 --fp16"; they win')
     add("--generate-args", default="", help='more fairseq-generate flags, e.g. "--lenpen 1.2"')
-    add("--workers", type=positive_int, default=min(8, os.cpu_count() or 1), help="threads for data preparation")
+    add("--workers", type=count, default=min(8, os.cpu_count() or 1), help="threads for data preparation")
     if recipe.add_args:
         recipe.add_args(parser)
     return parser
