@@ -8,12 +8,15 @@ checkpoint. When the plugin has not been imported and the checkpoint names a con
 (registering the model, and letting torch >= 2.6 read the ``argparse.Namespace`` inside every fairseq checkpoint)
 and logs a warning that names the flag that was missing. Without this, fairseq fails inside ``torch.load`` with
 "Unsupported global: GLOBAL argparse.Namespace", or on torch < 2.6 with an unknown arch, and neither says what
-to add.
+to add. It also marks each call of ``load_model_ensemble_and_task`` (:data:`LOADING_CHECKPOINT`), so that the
+plugin imported in the middle of one builds its model as with ``--user-dir`` (reading no pre-trained embedding
+file).
 
 The arch is found by reading the checkpoint's pickle opcodes (``pickletools``), which executes nothing.
 ``FAIRSEQ_CONVS2S_NO_AUTOLOAD=1`` switches the hook off.
 """
 
+import contextvars
 import functools
 import importlib.abc
 import logging
@@ -38,6 +41,11 @@ WATCHED = "fairseq.checkpoint_utils"
 PLUGIN = "fairseq_convs2s"
 
 logger = logging.getLogger("fairseq_convs2s.autoload")
+
+# True while fairseq's load_model_ensemble_and_task runs, whose models are built only to receive a checkpoint's
+# weights. The plugin, imported by this hook in the middle of such a call (too late to have wrapped it itself),
+# reads it to skip pre-trained embedding files (fairseq_convs2s.checkpoint_compat.is_building_to_load).
+LOADING_CHECKPOINT: contextvars.ContextVar = contextvars.ContextVar("convs2s_autoload_loading", default=False)
 
 
 def checkpoint_arch(path) -> Optional[str]:
@@ -66,7 +74,8 @@ def missing_user_dir_message(path, arch: str) -> str:
 
 def wrap_load_checkpoint(module) -> None:
     """Replace ``module.load_checkpoint_to_cpu`` (``fairseq.checkpoint_utils``) by one that imports the plugin
-    first when a convs2s checkpoint is read without it."""
+    first when a convs2s checkpoint is read without it, and mark the calls of ``load_model_ensemble_and_task``
+    (:data:`LOADING_CHECKPOINT`)."""
     original = module.load_checkpoint_to_cpu
     if getattr(original, "_convs2s_autoload", False):
         return
@@ -82,6 +91,18 @@ def wrap_load_checkpoint(module) -> None:
 
     load_checkpoint_to_cpu._convs2s_autoload = True
     module.load_checkpoint_to_cpu = load_checkpoint_to_cpu
+
+    load_ensemble = module.load_model_ensemble_and_task
+
+    @functools.wraps(load_ensemble)
+    def load_model_ensemble_and_task(*args, **kwargs):
+        token = LOADING_CHECKPOINT.set(True)
+        try:
+            return load_ensemble(*args, **kwargs)
+        finally:
+            LOADING_CHECKPOINT.reset(token)
+
+    module.load_model_ensemble_and_task = load_model_ensemble_and_task
 
 
 class _AfterImportFinder(importlib.abc.MetaPathFinder):

@@ -12,6 +12,7 @@ import argparse
 import contextlib
 import contextvars
 import functools
+import sys
 
 import torch
 from fairseq import checkpoint_utils
@@ -43,7 +44,12 @@ def building_to_load():
 
 
 def is_building_to_load() -> bool:
-    return _BUILDING_TO_LOAD.get()
+    """Inside :func:`building_to_load`, or inside a checkpoint load that the installed package's start-up hook
+    marked (``fairseq_convs2s_autoload``: it imports this plugin in the middle of that load, when a convs2s
+    checkpoint is read without ``--user-dir``)."""
+    autoload = sys.modules.get("fairseq_convs2s_autoload")
+    loading = getattr(autoload, "LOADING_CHECKPOINT", None)
+    return _BUILDING_TO_LOAD.get() or (loading is not None and loading.get())
 
 
 def build_models_to_load() -> None:

@@ -162,7 +162,8 @@ def test_missing_user_dir_loads_the_plugin_and_names_the_flag(trained):
     (``fairseq_convs2s_autoload.pth``) sees the convs2s arch in the checkpoint, loads the plugin and warns naming
     the --user-dir to add; the translations are those of a run with --user-dir. With the hook switched off,
     stock fairseq fails inside torch.load on the argparse.Namespace that every fairseq 0.12 checkpoint holds (the
-    plugin allow-lists it), a message that does not say what to add."""
+    plugin allow-lists it), a message that does not say what to add. A checkpoint naming pre-trained embedding
+    files that are gone decodes as well without --user-dir."""
     folder = trained.folder
     with_flag = generate(folder, "bin", trained.convs2s, "--gen-subset", "train")
     args = ["bin", "--path", trained.convs2s, "--cpu", "--beam", "5", "--batch-size", "16"]
@@ -180,6 +181,15 @@ def test_missing_user_dir_loads_the_plugin_and_names_the_flag(trained):
     assert off.returncode != 0, tail(off)
     assert "Unsupported global: GLOBAL argparse.Namespace" in off.stderr, tail(off)
     assert "H-" not in off.stdout
+
+    # trained from pre-trained embedding files that are gone: the plugin, imported in the middle of fairseq's
+    # load, still builds the model without reading them (the checkpoint's weights are the embeddings)
+    state = torch.load(folder / trained.convs2s, map_location="cpu", weights_only=False)
+    state["cfg"]["model"].encoder_embed_path = state["cfg"]["model"].decoder_embed_path = str(folder / "gone.txt")
+    torch.save(state, folder / "embedded.pt")
+    args[args.index(trained.convs2s)] = "embedded.pt"
+    gone = check_ok(run_cli("generate", args, cwd=folder))
+    assert hypothesis_lines(gone.stdout)["H"] == hypothesis_lines(with_flag.stdout)["H"]
 
 
 # ---- NaN / inf losses under bf16 and fp16 ----------------------------------------------------------------------
