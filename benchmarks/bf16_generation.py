@@ -22,7 +22,7 @@ import shlex
 import subprocess
 import sys
 from pathlib import Path
-from typing import Dict, List
+from typing import Dict, List, Sequence
 
 import torch
 from omegaconf import OmegaConf
@@ -81,9 +81,19 @@ _SPEED = re.compile(r"Translated [0-9,]+ sentences .* \(([0-9.]+) sentences/s")
 _BLEU = re.compile(r"BLEU4? = ([0-9.]+)")
 
 
-def generate_once(data: str, path: str, batch: int, beam: int, bf16: bool, extra: List[str], device) -> Dict:
-    """One ``fairseq-generate`` of ``data``'s test set: its sentences/s, BLEU and hypotheses (by sentence id)."""
-    cmd = [sys.executable, "-m", "fairseq_cli.generate", data, "--user-dir", str(USER_DIR), "--path", path]
+def generate_once(
+    data: str,
+    path: str,
+    batch: int,
+    beam: int,
+    bf16: bool,
+    extra: List[str],
+    device,
+    entry: Sequence[str] = ("-m", "fairseq_cli.generate"),
+) -> Dict:
+    """One ``fairseq-generate`` of ``data``'s test set: its sentences/s, BLEU and hypotheses (by sentence id).
+    ``entry``: how the Python interpreter is to run it (another module that runs fairseq-generate in itself)."""
+    cmd = [sys.executable, *entry, data, "--user-dir", str(USER_DIR), "--path", path]
     cmd += ["--beam", str(beam), "--batch-size", str(batch), "--required-batch-size-multiple", "1", *extra]
     cmd += (["--bf16"] if bf16 else []) + (["--cpu"] if device.type == "cpu" else [])
     proc = subprocess.run(cmd, capture_output=True, text=True)

@@ -23,7 +23,6 @@ on and warn so; this module is the record, not a form the model takes.
 import argparse
 import json
 import shlex
-import subprocess
 import sys
 from pathlib import Path
 from typing import Dict, List
@@ -33,8 +32,7 @@ import torch
 from fairseq_convs2s.modules import weight_norm
 
 from . import measure
-from .bf16_curve import USER_DIR
-from .bf16_generation import _BLEU, beam_speeds, harness_models, prepared
+from .bf16_generation import beam_speeds, generate_once, harness_models, prepared
 from .pair import SIZES
 from .run import RESULTS
 
@@ -138,16 +136,10 @@ def generate_rows(args) -> Dict:
     """``fairseq-generate`` of the test set with fp32 and with int8 steps: BLEU and the hypotheses int8 changed."""
     results = {}
     for form in ("fp32", "int8"):
-        cmd = [sys.executable, "-m", "benchmarks.int8_decoding", "--generate-worker", form, str(REDUCE_RANGE), "--"]
-        cmd += [args.data, "--user-dir", str(USER_DIR), "--path", args.path, "--beam", str(args.beam)]
-        cmd += ["--batch-size", str(args.batch), "--required-batch-size-multiple", "1", "--cpu"]
-        cmd += shlex.split(args.generate_args)
-        proc = subprocess.run(cmd, capture_output=True, text=True)
-        bleu = _BLEU.search(proc.stdout + proc.stderr)
-        if proc.returncode or not bleu:
-            raise SystemExit(f"{shlex.join(cmd)} failed (exit {proc.returncode}):\n{proc.stderr[-3000:]}")
-        hyps = dict(line[2:].split("\t", 2)[::2] for line in proc.stdout.splitlines() if line.startswith("H-"))
-        results[form] = {"bleu": float(bleu.group(1)), "hyps": hyps}
+        entry = ["-m", "benchmarks.int8_decoding", "--generate-worker", form, str(REDUCE_RANGE), "--"]
+        extra = shlex.split(args.generate_args)
+        cpu = torch.device("cpu")
+        results[form] = generate_once(args.data, args.path, args.batch, args.beam, False, extra, cpu, entry)
     fp32, int8 = results["fp32"]["hyps"], results["int8"]["hyps"]
     row = {"checkpoint": args.path, "beam": args.beam, "batch": args.batch, "sentences": len(fp32)}
     row.update({f"{form}_bleu": r["bleu"] for form, r in results.items()})

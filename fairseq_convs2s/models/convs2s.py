@@ -262,7 +262,7 @@ def _pretrained_embeddings(cfg: ConvS2SConfig, side: str, dictionary) -> Optiona
 
 def _load_embedding_file(path, dictionary, embed_dim: int, side: str):
     """Pre-trained embeddings in fairseq's text format (a header line, then a word and its ``embed_dim`` numbers per
-    line) -> {word: tensor}, as ``fairseq.utils.parse_embedding`` reads them, or None without a path.
+    line) -> {word: tensor}, as ``fairseq.utils.parse_embedding`` reads them.
 
     Porting note (fconv): fconv reads the file with ``parse_embedding`` and copies each vector into the table: a
     word followed by anything but numbers stops it with ``could not convert string to float``, a vector of another
