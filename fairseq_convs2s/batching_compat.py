@@ -8,12 +8,18 @@ change every training run's batches and random stream, so they are left as fairs
 plugin wraps the function to log a warning with the count and the flag that keeps every sentence. Where no
 sentence is left to batch at all, fairseq fails with a bare ``IndexError: list index out of range``; the
 wrapper says why instead.
+
+A split binarized from empty files (``fairseq-preprocess`` writes a ``.bin`` of no bytes) never gets that far:
+fairseq's memory-mapped loader stops on it with numpy's ``ValueError: cannot mmap an empty file``, naming no file,
+then a second traceback from the half-built dataset's ``__del__``. ``refuse_empty_splits`` names the file instead,
+before the loader opens it.
 """
 
 import inspect
 import logging
+import os
 
-from fairseq.data import data_utils
+from fairseq.data import data_utils, indexed_dataset
 
 logger = logging.getLogger(__name__)
 
@@ -56,3 +62,25 @@ def warn_on_dropped_sentences() -> None:
     batch_by_size_and_warn.warns_for_convs2s = True
     batch_by_size_and_warn.__doc__, batch_by_size_and_warn.__wrapped__ = batch_by_size.__doc__, batch_by_size
     data_utils.batch_by_size = batch_by_size_and_warn
+
+
+def refuse_empty_splits() -> None:
+    """Wrap ``indexed_dataset.make_dataset`` (what fairseq's tasks load a binarized split with) to raise a
+    ``ValueError`` naming an empty memory-mapped ``.bin`` file, where fairseq fails on it unnamed (idempotent)."""
+    make_dataset = indexed_dataset.make_dataset
+    if getattr(make_dataset, "refuses_empty_for_convs2s", False):
+        return
+
+    def make_dataset_or_refuse_empty(path, impl, *args, **kwargs):
+        data_file = indexed_dataset.data_file_path(path)
+        if impl == "mmap" and indexed_dataset.MMapIndexedDataset.exists(path) and os.path.getsize(data_file) == 0:
+            raise ValueError(
+                f"{data_file} is empty: the split has no sentences (fairseq-preprocess was given empty files); "
+                "binarize at least one sentence, or leave the split out (a valid split: fairseq-train "
+                "--disable-validation)"
+            )
+        return make_dataset(path, impl, *args, **kwargs)
+
+    make_dataset_or_refuse_empty.refuses_empty_for_convs2s = True
+    make_dataset_or_refuse_empty.__doc__, make_dataset_or_refuse_empty.__wrapped__ = make_dataset.__doc__, make_dataset
+    indexed_dataset.make_dataset = make_dataset_or_refuse_empty
