@@ -9,6 +9,11 @@ batch but one of ids 0 to B - 1, for any model. Ids below B only permute the row
 such a batch decodes as each sentence alone; here every batch does, the ids mapped to their positions at step 0.
 Patched on importing the plugin, for every model of the process; a fairseq whose search takes no
 ``original_batch_idxs`` is left alone.
+
+``refuse_empty_beams`` checks the two counts fairseq's generator is built with: ``--beam 0`` (or below) failed
+inside the first decoding step (a reshape of no rows, or a tensor of negative size) and ``--nbest 0`` printed no
+hypothesis and then divided by zero in fairseq's BLEU; both are now a ``ValueError`` naming the flag, before
+decoding.
 """
 
 import inspect
@@ -16,6 +21,7 @@ from typing import Optional
 
 import torch
 from fairseq import search
+from fairseq.tasks import FairseqTask
 from torch import Tensor
 
 
@@ -52,3 +58,22 @@ def fix_diverse_beam_search() -> None:
     step_by_position.fixed_by_convs2s = True
     step_by_position.__doc__, step_by_position.__wrapped__ = original_step.__doc__, original_step
     cls.step = step_by_position
+
+
+def refuse_empty_beams() -> None:
+    """Wrap ``FairseqTask.build_generator`` (fairseq-generate, fairseq-interactive, the hub, ``--eval-bleu``) to
+    refuse a ``--beam`` or ``--nbest`` below 1 (idempotent)."""
+    original_build = FairseqTask.build_generator
+    if getattr(original_build, "checked_by_convs2s", False):
+        return
+
+    def build_generator_checked(self, models, args, *rest, **kwargs):
+        for flag in ("beam", "nbest"):
+            count = getattr(args, flag, 1)
+            if count is not None and count < 1:
+                raise ValueError(f"--{flag} must be at least 1, got {count}")
+        return original_build(self, models, args, *rest, **kwargs)
+
+    build_generator_checked.checked_by_convs2s = True
+    build_generator_checked.__doc__, build_generator_checked.__wrapped__ = original_build.__doc__, original_build
+    FairseqTask.build_generator = build_generator_checked

@@ -1,8 +1,12 @@
-"""fairseq's diverse beam search decodes any batch once the plugin is imported (``fairseq_convs2s.search_compat``)."""
+"""fairseq's diverse beam search decodes any batch once the plugin is imported, and a beam or n-best of none is
+refused before decoding (``fairseq_convs2s.search_compat``)."""
 
 import pytest
 import torch
 from fairseq import search
+from fairseq.dataclass.configs import GenerationConfig
+from fairseq.tasks import FairseqTask
+from fairseq.tasks.translation import TranslationConfig, TranslationTask
 from utils import beam_search, build_model, make_dictionary, random_batch, seed_all
 
 from fairseq_convs2s.search_compat import positions_in_batch
@@ -53,3 +57,22 @@ def test_positions_in_batch():
     ids_at_start = torch.tensor([412, 7, 1000, 93, 15])
     assert positions_in_batch(ids_at_start, ids_at_start).tolist() == [0, 1, 2, 3, 4]
     assert positions_in_batch(ids_at_start, torch.tensor([7, 93, 15])).tolist() == [1, 3, 4]
+
+
+@pytest.mark.parametrize("flag, count", [("beam", 0), ("beam", -1), ("nbest", 0)])
+def test_a_beam_or_nbest_of_none_is_refused_naming_the_flag(setup, flag, count):
+    model, dictionary, src = setup
+    task = TranslationTask(TranslationConfig(), dictionary, dictionary)
+    with pytest.raises(ValueError, match=f"--{flag} must be at least 1, got {count}"):
+        task.build_generator([model], GenerationConfig(**{flag: count}))
+    assert task.build_generator([model], GenerationConfig(beam=2, nbest=2)).beam_size == 2
+
+
+def test_fairseqs_generator_fails_inside_decoding_with_a_beam_of_none(setup):
+    """What the check is for: fairseq builds the generator and fails at the first step, inside the model."""
+    model, dictionary, src = setup
+    task = TranslationTask(TranslationConfig(), dictionary, dictionary)
+    generator = FairseqTask.build_generator.__wrapped__(task, [model], GenerationConfig(beam=0))
+    sample = {"net_input": {"src_tokens": src, "src_lengths": src.ne(dictionary.pad()).sum(1)}}
+    with torch.no_grad(), pytest.raises(RuntimeError, match="0 elements"):
+        generator.generate([model], sample)
