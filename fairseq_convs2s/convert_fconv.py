@@ -179,13 +179,15 @@ def read_checkpoint(path: str, mmap: bool = False) -> dict:
 def save_atomically(checkpoint: dict, out_path: str) -> None:
     """``torch.save`` to a temporary file beside ``out_path``, renamed over it only once complete.
 
-    A reader never sees a half-written file, and a failure (full disk, interrupt) leaves no file behind.
+    A reader never sees a half-written file, and a failure (full disk, interrupt) leaves no file behind. The file
+    gets the permissions a plain ``open`` would give it (0666 less the umask), not the temporary file's 0600.
     """
     out_dir = os.path.dirname(os.path.abspath(out_path))
     fd, tmp = tempfile.mkstemp(dir=out_dir, prefix=".convert_fconv.", suffix=".pt")
     os.close(fd)
     try:
         torch.save(checkpoint, tmp)
+        os.chmod(tmp, 0o666 & ~_umask())
         os.replace(tmp, out_path)
     except BaseException:
         if os.path.exists(tmp):
@@ -193,9 +195,32 @@ def save_atomically(checkpoint: dict, out_path: str) -> None:
         raise
 
 
+def _umask() -> int:
+    mask = os.umask(0o022)  # reading the umask means setting it: put it back at once
+    os.umask(mask)
+    return mask
+
+
+def check_output_path(in_path: str, out_path: str) -> None:
+    """Refuse, before any reading, an ``out_path`` that cannot take the converted checkpoint: a directory, one in
+    a directory that does not exist, or the fconv checkpoint itself (which the conversion would replace)."""
+    if os.path.isdir(out_path):
+        raise ConversionError(f"{out_path} is a directory: name the file to write, e.g. {out_path}/model.pt")
+    out_dir = os.path.dirname(os.path.abspath(out_path))
+    if not os.path.isdir(out_dir):
+        raise ConversionError(f"{out_path}: no such directory {out_dir}")
+    if os.path.exists(in_path) and os.path.exists(out_path) and os.path.samefile(in_path, out_path):
+        raise ConversionError(f"{out_path} is the fconv checkpoint being converted: write the convs2s one elsewhere")
+
+
 def convert_file(in_path: str, out_path: str) -> None:
     """Read ``in_path``, convert, write ``out_path`` atomically (a temporary file renamed when complete)."""
-    save_atomically(convert_checkpoint(read_checkpoint(in_path)), out_path)
+    check_output_path(in_path, out_path)
+    checkpoint = convert_checkpoint(read_checkpoint(in_path))
+    try:
+        save_atomically(checkpoint, out_path)
+    except OSError as e:  # a directory without write permission, a full disk
+        raise ConversionError(f"cannot write {out_path}: {e.strerror or e}") from None
 
 
 def main(argv=None) -> int:

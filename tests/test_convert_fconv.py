@@ -1,6 +1,8 @@
 """fconv checkpoints convert to convs2s with identical outputs; bad inputs fail cleanly."""
 
 import argparse
+import os
+import stat
 import subprocess
 import sys
 from types import SimpleNamespace
@@ -140,3 +142,45 @@ def test_bad_inputs_fail_with_a_message_and_leave_no_file(tmp_path):
     result = subprocess.run(cli + [str(good), str(out)], capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
     assert torch.load(out, map_location="cpu")["cfg"]["model"].arch == "convs2s"
+
+
+def test_an_output_that_cannot_take_the_checkpoint_fails_with_a_message(tmp_path, monkeypatch):
+    """A directory, a file in a directory that does not exist, the input itself (which it would have replaced),
+    and a write that fails: each a ConversionError naming the path, the input untouched and no file left behind.
+    Before, the first two ended in a traceback about the temporary file's name."""
+    dictionary = make_dictionary(25)
+    fconv, args = train_fconv(dictionary, steps=1)
+    good = tmp_path / "fconv.pt"
+    torch.save(fairseq_checkpoint(fconv, args), good)
+    before = good.read_bytes()
+    (tmp_path / "models").mkdir()
+    for out, message in [
+        (tmp_path / "models", "models is a directory: name the file to write"),
+        (tmp_path / "gone" / "out.pt", "out.pt: no such directory .*gone"),
+        (good, "fconv.pt is the fconv checkpoint being converted: write the convs2s one elsewhere"),
+    ]:
+        with pytest.raises(ConversionError, match=message):
+            convert_file(str(good), str(out))
+    assert good.read_bytes() == before
+
+    def full_disk(*args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(torch, "save", full_disk)
+    with pytest.raises(ConversionError, match="cannot write .*out.pt: No space left on device"):
+        convert_file(str(good), str(tmp_path / "out.pt"))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["fconv.pt", "models"]
+
+
+def test_the_converted_file_is_readable_as_a_plainly_written_one(tmp_path):
+    """The temporary file it is written to is private (0600); the checkpoint gets 0666 less the umask."""
+    dictionary = make_dictionary(25)
+    fconv, args = train_fconv(dictionary, steps=1)
+    good, out = tmp_path / "fconv.pt", tmp_path / "out.pt"
+    torch.save(fairseq_checkpoint(fconv, args), good)
+    old_umask = os.umask(0o027)
+    try:
+        convert_file(str(good), str(out))
+    finally:
+        os.umask(old_umask)
+    assert stat.S_IMODE(out.stat().st_mode) == 0o640
