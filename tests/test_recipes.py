@@ -337,6 +337,27 @@ def test_counts_below_one_are_usage_errors(flag, capsys):
     assert getattr(parser.parse_args([flag, "3"]), flag[2:].replace("-", "_")) == 3
 
 
+def test_an_out_that_is_a_file_is_a_usage_error(tmp_path, capsys):
+    """--out naming a file ended in a NotADirectoryError traceback at the first stage's mkdir."""
+    parser = pipeline.build_parser(pipeline.Recipe(name="t", langs=("en", "de"), raw_prefixes={}), "doc")
+    (tmp_path / "a_file").write_text("")
+    with pytest.raises(SystemExit) as exit_:
+        parser.parse_args(["--out", str(tmp_path / "a_file")])
+    assert exit_.value.code == 2 and "argument --out: " in capsys.readouterr().err
+    assert parser.parse_args(["--out", str(tmp_path / "new")]).out == tmp_path / "new"
+
+
+@pytest.mark.parametrize("args", [["--max-epoch", "0"], ["--vocab-size", "-1"], ["--out", __file__]])
+def test_the_quickstarts_bad_flags_are_usage_errors(args):
+    """The README's first command: --max-epoch 0 trained without end (fairseq's 0 is no limit), --vocab-size 0
+    stopped in sentencepiece, a file as --out in a traceback; now argparse says so before any stage runs."""
+    quickstart = REPO_ROOT / "examples" / "quickstart" / "run.py"
+    result = subprocess.run([sys.executable, str(quickstart), *args], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 2, result.stderr
+    assert f"argument {args[0]}: " in result.stderr and "Traceback" not in result.stderr
+    assert "==" not in result.stdout  # no stage started
+
+
 def test_normalize():
     assert text.normalize("  a\u200b\tb \x07 c  ") == "a b c"
 

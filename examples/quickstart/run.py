@@ -18,7 +18,9 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 USER_DIR = HERE.parent.parent / "fairseq_convs2s"
 sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(HERE.parent))
 
+from recipes.pipeline import count, out_dir  # noqa: E402
 from toy_corpus import make_corpus  # noqa: E402
 
 SPLITS = {"train": 8000, "valid": 400, "test": 500}
@@ -49,9 +51,9 @@ def fairseq(tool: str):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--out", type=Path, default=Path("outputs/quickstart"))
-    parser.add_argument("--max-epoch", type=int, default=5)
-    parser.add_argument("--vocab-size", type=int, default=120)
+    parser.add_argument("--out", type=out_dir, default=Path("outputs/quickstart"))
+    parser.add_argument("--max-epoch", type=count, default=5)
+    parser.add_argument("--vocab-size", type=count, default=120)
     args = parser.parse_args()
     out = args.out.resolve()
     raw, spm_dir, bin_dir, ckpt = out / "raw", out / "spm", out / "data-bin", out / "checkpoints"

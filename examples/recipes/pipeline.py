@@ -141,6 +141,14 @@ def count(text: str) -> int:
     return value
 
 
+def out_dir(text: str) -> Path:
+    """argparse's type for ``--out``: an existing file is a usage error, not a traceback at the first mkdir."""
+    path = Path(text)
+    if path.exists() and not path.is_dir():
+        raise argparse.ArgumentTypeError(f"{text} is a file, not a folder")
+    return path
+
+
 def build_parser(recipe: Recipe, doc: str) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         description=doc, formatter_class=argparse.RawDescriptionHelpFormatter, allow_abbrev=False
@@ -148,7 +156,7 @@ def build_parser(recipe: Recipe, doc: str) -> argparse.ArgumentParser:
     add = parser.add_argument
     add(
         "--out",
-        type=Path,
+        type=out_dir,
         default=Path("outputs") / recipe.name,
         help="where every stage writes (default: %(default)s)",
     )
