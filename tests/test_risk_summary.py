@@ -1,13 +1,16 @@
-"""examples/sequence_risk/summarize.py: the table of several fine-tuning seeds and its paired statistic."""
+"""examples/sequence_risk: summarize.py's table of several fine-tuning seeds and its paired statistic; finetune.py's
+usage errors."""
 
 import json
 import math
+import re
 import subprocess
 import sys
 
 from cli_helpers import REPO_ROOT
 
 SCRIPT = REPO_ROOT / "examples" / "sequence_risk" / "summarize.py"
+FINETUNE = REPO_ROOT / "examples" / "sequence_risk" / "finetune.py"
 
 
 def _results(folder, start, risk, token):
@@ -35,3 +38,20 @@ def test_summary_gives_per_seed_scores_means_and_the_paired_t(tmp_path):
     t = 0.3 / (math.sqrt(sum((d - 0.3) ** 2 for d in differences) / 2) / math.sqrt(3))
     assert f"mean +0.30 BLEU, t = {t:.2f} (2 degrees of freedom); risk ahead with 2 of 3" in out
     assert lines[-1] == f"no results (not finished): {tmp_path / 's4'}"
+
+
+def test_finetunes_missing_checkpoint_or_file_as_out_are_usage_errors(tmp_path):
+    """A missing checkpoint ended in torch.load's FileNotFoundError, a file as --out in a FileExistsError."""
+    data, a_file = tmp_path / "data-bin", tmp_path / "a_file"
+    data.mkdir()
+    a_file.write_text("")
+    for args, message in [
+        (
+            [str(data), str(tmp_path / "missing.pt"), "--out", str(tmp_path / "out")],
+            "argument checkpoint: no such file",
+        ),
+        ([str(data), str(a_file), "--out", str(a_file)], "argument --out: .*a_file is a file, not a folder"),
+    ]:
+        result = subprocess.run([sys.executable, str(FINETUNE), *args], capture_output=True, text=True, timeout=60)
+        assert result.returncode == 2 and re.search(message, result.stderr), result.stderr
+        assert "Traceback" not in result.stderr and not (tmp_path / "out").exists()

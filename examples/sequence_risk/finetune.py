@@ -27,6 +27,10 @@ from pathlib import Path
 from typing import Dict, List, Optional
 
 USER_DIR = Path(__file__).resolve().parent.parent.parent / "fairseq_convs2s"
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from recipes.pipeline import out_dir  # noqa: E402
+
 # the model's own flags (fairseq_convs2s/models/config.py) and the task's position limits
 MODEL_FIELDS = (
     "encoder_layers", "decoder_layers", "encoder_embed_dim", "decoder_embed_dim", "decoder_out_embed_dim",
@@ -114,11 +118,19 @@ def previous_training_time(checkpoint: Path) -> float:
     return float((state.get("extra_state") or {}).get("previous_training_time", 0.0))
 
 
+def existing_file(text: str) -> Path:
+    """argparse's type for the checkpoint: a missing one is a usage error, not a traceback from torch.load."""
+    path = Path(text)
+    if not path.is_file():
+        raise argparse.ArgumentTypeError(f"no such file {text}")
+    return path
+
+
 def main(argv: Optional[List[str]] = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("data", type=Path, help="fairseq-preprocess output folder")
-    parser.add_argument("checkpoint", type=Path, help="the token-level checkpoint to start from")
-    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("checkpoint", type=existing_file, help="the token-level checkpoint to start from")
+    parser.add_argument("--out", type=out_dir, required=True)
     parser.add_argument("--max-update", type=int, default=100, help="updates of the risk and token runs")
     parser.add_argument("--max-tokens", type=int, default=1000, help="batch size of both (sources + targets)")
     parser.add_argument("--lr", type=float, default=0.05, help="NAG learning rate of both fine-tuning runs")
