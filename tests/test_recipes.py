@@ -24,6 +24,7 @@ sys.path.insert(0, str(REPO_ROOT / "examples"))
 
 from recipes import pipeline, scoring, text  # noqa: E402
 from recipes.average_checkpoints import average_checkpoints, last_epoch_checkpoints  # noqa: E402
+from recipes.average_checkpoints import main as average_main  # noqa: E402
 from recipes.download import sgm_segments, split_train_valid  # noqa: E402
 
 SIZES = {"train": 300, "valid": 20, "test": 20}
@@ -356,6 +357,33 @@ def test_the_quickstarts_bad_flags_are_usage_errors(args):
     assert result.returncode == 2, result.stderr
     assert f"argument {args[0]}: " in result.stderr and "Traceback" not in result.stderr
     assert "==" not in result.stdout  # no stage started
+
+
+def test_average_checkpoints_bad_input_is_a_message_not_a_traceback(tmp_path, capsys):
+    """A missing, non-torch or non-fairseq input, a negative --last (which averaged all but the first files) and an
+    --output in a folder that is not there: each ended in a traceback (or a wrong average) before."""
+    good = tmp_path / "checkpoint1.pt"
+    torch.save({"model": {"w": torch.ones(2)}}, good)
+    (tmp_path / "text.pt").write_text("not a checkpoint")
+    torch.save({"w": torch.ones(2)}, tmp_path / "bare.pt")
+    out = ["--output", str(tmp_path / "avg.pt")]
+    for inputs, message in [
+        ("missing.pt", "missing.pt: no such file"),
+        ("text.pt", "text.pt: cannot be read as a torch checkpoint"),
+        ("bare.pt", "bare.pt: not a fairseq checkpoint"),
+    ]:
+        with pytest.raises(SystemExit, match=f"average_checkpoints: error: .*{message}"):
+            average_main(["--inputs", str(good), str(tmp_path / inputs), *out])
+    for args, message in [
+        (["--last", "-3", "--checkpoint-dir", str(tmp_path), *out], "argument --last: must be at least 1, got -3"),
+        (["--inputs", str(good), "--output", str(tmp_path / "gone" / "avg.pt")], "argument --output: "),
+    ]:
+        with pytest.raises(SystemExit) as exit_:
+            average_main(args)
+        assert exit_.value.code == 2 and message in capsys.readouterr().err
+    assert not (tmp_path / "avg.pt").exists()
+    average_main(["--inputs", str(good), str(good), *out])
+    assert torch.equal(torch.load(tmp_path / "avg.pt")["model"]["w"], torch.ones(2))
 
 
 def test_normalize():

@@ -37,7 +37,15 @@ def _load(path: Path) -> dict:
     add_safe_globals = getattr(torch.serialization, "add_safe_globals", None)
     if add_safe_globals is not None:
         add_safe_globals([argparse.Namespace])
-    return torch.load(path, map_location="cpu")
+    try:
+        state = torch.load(path, map_location="cpu")
+    except FileNotFoundError:
+        raise ValueError(f"{path}: no such file") from None
+    except Exception as e:  # truncated, or not a torch file
+        raise ValueError(f"{path}: cannot be read as a torch checkpoint ({type(e).__name__}: {e})") from None
+    if not isinstance(state, dict) or not isinstance(state.get("model"), dict):
+        raise ValueError(f"{path}: not a fairseq checkpoint (no 'model' state dict in it)")
+    return state
 
 
 def average_checkpoints(inputs: Sequence[Path]) -> dict:
@@ -75,6 +83,10 @@ def main(argv=None):
     parser.add_argument("--checkpoint-dir", type=Path)
     parser.add_argument("--output", type=Path, required=True)
     args = parser.parse_args(argv)
+    if args.last is not None and args.last < 1:
+        parser.error(f"argument --last: must be at least 1, got {args.last}")
+    if args.output.is_dir() or not args.output.resolve().parent.is_dir():
+        parser.error(f"argument --output: {args.output} is a folder, or in a folder that does not exist")
     if args.inputs:
         inputs = args.inputs
     elif args.last and args.checkpoint_dir:
@@ -84,7 +96,10 @@ def main(argv=None):
     if not inputs:
         sys.exit(f"average_checkpoints: error: no checkpoint<epoch>.pt files in {args.checkpoint_dir}")
     print(f"averaging {len(inputs)} checkpoints: {', '.join(p.name for p in inputs)}")
-    torch.save(average_checkpoints(inputs), args.output)
+    try:
+        torch.save(average_checkpoints(inputs), args.output)
+    except (ValueError, OSError) as e:  # an unreadable or mismatched input; a full disk
+        sys.exit(f"average_checkpoints: error: {e}")
     print(f"wrote {args.output}")
 
 
