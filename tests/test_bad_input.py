@@ -114,6 +114,16 @@ def test_preprocess_refuses_non_utf8_files_and_the_checker_finds_the_line(traine
     result = subprocess.run(check, cwd=folder, capture_output=True, text=True, timeout=60)
     assert result.returncode == 1, result
     assert result.stdout.splitlines() == ["latin.src:2: invalid UTF-8 at byte 3 of the line: s3 \\xff\\xfe s4"]
+    # a missing file or a folder among them is named and the others still checked (a traceback stopped it before)
+    (folder / "a_folder").mkdir(exist_ok=True)
+    check[2:2] = ["gone.src", "a_folder"]
+    result = subprocess.run(check, cwd=folder, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 1 and "Traceback" not in result.stderr, result
+    assert result.stdout.splitlines() == [
+        "gone.src: cannot be read (No such file or directory)",
+        "a_folder: cannot be read (Is a directory)",
+        "latin.src:2: invalid UTF-8 at byte 3 of the line: s3 \\xff\\xfe s4",
+    ]
 
 
 # ---- sources longer than the position table, truncated on request -----------------------------------------------
