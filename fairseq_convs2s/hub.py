@@ -7,6 +7,7 @@ converted (``convert_fconv``) to ``<name>.convs2s.pt`` beside it, written atomic
 next load finds the converted file and does not read the original again. A convs2s checkpoint loads as it is.
 """
 
+import glob
 import logging
 import os
 from typing import Dict, Tuple
@@ -74,6 +75,21 @@ def _resolve_name(archive_map: Dict, name_or_path: str, kwargs: Dict) -> Tuple[s
     return entry["path"], entry.get("checkpoint_file", "")
 
 
+def _check_dictionaries(model_dir: str, data_name_or_path: str, kwargs: Dict) -> None:
+    """Where fairseq will look for the dictionaries (``data_name_or_path``: relative to the model directory when it
+    starts with '.', as fairseq's hub reads it), refuse a local folder without any ``dict.*.txt``: fairseq stops
+    there with a bare ``Exception: Could not infer language pair`` (or, languages given, a missing file)."""
+    data = os.path.join(model_dir, data_name_or_path) if data_name_or_path.startswith(".") else data_name_or_path
+    if "://" in data or os.path.isfile(data):
+        return  # an archive, by URL or a local file: fairseq downloads and unpacks it
+    if os.path.isdir(data) and glob.glob(os.path.join(glob.escape(data), "dict.*.txt")):
+        return
+    raise FileNotFoundError(
+        f"no fairseq dictionaries (dict.<lang>.txt) in {os.path.abspath(data)}: pass data_name_or_path, the "
+        f"fairseq-preprocess folder the model was trained on (absolute, or relative to {model_dir} with a leading '.')"
+    )
+
+
 def from_pretrained(model_class, model_name_or_path, checkpoint_file="model.pt", data_name_or_path=".", **kwargs):
     """fairseq's ``GeneratorHubInterface`` for ``model_name_or_path`` (a ``hub_models`` name, an archive URL or a
     local directory), converting fconv checkpoints on first load; the arguments are ``from_pretrained``'s."""
@@ -95,6 +111,7 @@ def from_pretrained(model_class, model_name_or_path, checkpoint_file="model.pt",
         )
     files = [prepare_checkpoint(os.path.join(model_dir, name)) for name in checkpoint_file.split(os.pathsep)]
     checkpoint_file = os.pathsep.join(os.path.relpath(f, model_dir) for f in files)
+    _check_dictionaries(model_dir, data_name_or_path, kwargs)
 
     loaded = hub_utils.from_pretrained(model_dir, checkpoint_file, data_name_or_path, archive_map=None, **kwargs)
     cfg = loaded["args"]

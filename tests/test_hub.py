@@ -17,6 +17,7 @@ import pytest
 import sentencepiece as spm
 import torch
 from cli_helpers import PLUGIN_DIR, check_ok, generate, hypothesis_lines, make_splits, preprocess, run_cli, tail, train
+from fairseq import hub_utils
 from fairseq.hub_utils import GeneratorHubInterface
 from fairseq.models.fconv import FConvModel
 from fconv_helpers import write_fconv_archive
@@ -135,6 +136,21 @@ def test_from_pretrained_decodes_in_bf16_when_asked_not_because_training_did(spm
     ]
     assert scores[0] != scores[1] and scores[1] == pytest.approx(scores[0], abs=0.1), scores
     assert len(bf16.translate(SPM_SENTENCES, max_len_b=MAX_LEN_B)) == len(SPM_SENTENCES)
+
+
+def test_a_data_folder_without_dictionaries_is_named(spm_trained):
+    """The checkpoint directory alone (data_name_or_path left at '.'): fairseq's hub stopped with a bare
+    ``Exception: Could not infer language pair``; the plugin names the folder and the argument to pass."""
+    with pytest.raises(Exception, match="Could not infer language pair"):
+        hub_utils.from_pretrained(str(spm_trained.ckpt), "checkpoint_last.pt", ".")
+    with pytest.raises(
+        FileNotFoundError, match=r"no fairseq dictionaries \(dict.<lang>.txt\) in .*ckpt: pass data_name"
+    ):
+        ConvS2SModel.from_pretrained(str(spm_trained.ckpt), checkpoint_file="checkpoint_last.pt")
+    with pytest.raises(FileNotFoundError, match=r"in .*no_such_folder: pass data_name_or_path"):
+        ConvS2SModel.from_pretrained(str(spm_trained.ckpt), "checkpoint_last.pt", "./no_such_folder")
+    relative = ConvS2SModel.from_pretrained(str(spm_trained.ckpt), "checkpoint_last.pt", "../bin")  # fairseq's '.'
+    assert isinstance(relative, GeneratorHubInterface)
 
 
 def test_a_dictionary_of_another_size_is_named_not_a_torch_size_mismatch(spm_trained):
