@@ -75,7 +75,7 @@ def _resolve_name(archive_map: Dict, name_or_path: str, kwargs: Dict) -> Tuple[s
     return entry["path"], entry.get("checkpoint_file", "")
 
 
-def _check_dictionaries(model_dir: str, data_name_or_path: str, kwargs: Dict) -> None:
+def _check_dictionaries(model_dir: str, data_name_or_path: str) -> None:
     """Where fairseq will look for the dictionaries (``data_name_or_path``: relative to the model directory when it
     starts with '.', as fairseq's hub reads it), refuse a local folder without any ``dict.*.txt``: fairseq stops
     there with a bare ``Exception: Could not infer language pair`` (or, languages given, a missing file)."""
@@ -109,9 +109,9 @@ def from_pretrained(model_class, model_name_or_path, checkpoint_file="model.pt",
         raise FileNotFoundError(
             f"{model_name_or_path!r} is neither a model directory nor a known name ({', '.join(sorted(archive_map))})"
         )
+    _check_dictionaries(model_dir, data_name_or_path)  # before converting: that reads the whole checkpoint
     files = [prepare_checkpoint(os.path.join(model_dir, name)) for name in checkpoint_file.split(os.pathsep)]
     checkpoint_file = os.pathsep.join(os.path.relpath(f, model_dir) for f in files)
-    _check_dictionaries(model_dir, data_name_or_path, kwargs)
 
     loaded = hub_utils.from_pretrained(model_dir, checkpoint_file, data_name_or_path, archive_map=None, **kwargs)
     cfg = loaded["args"]
