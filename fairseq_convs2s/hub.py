@@ -109,9 +109,9 @@ def from_pretrained(model_class, model_name_or_path, checkpoint_file="model.pt",
         raise FileNotFoundError(
             f"{model_name_or_path!r} is neither a model directory nor a known name ({', '.join(sorted(archive_map))})"
         )
-    _check_dictionaries(model_dir, data_name_or_path)  # before converting: that reads the whole checkpoint
     files = [prepare_checkpoint(os.path.join(model_dir, name)) for name in checkpoint_file.split(os.pathsep)]
     checkpoint_file = os.pathsep.join(os.path.relpath(f, model_dir) for f in files)
+    _check_dictionaries(model_dir, data_name_or_path)  # after the checkpoints: what is wrong with them comes first
 
     loaded = hub_utils.from_pretrained(model_dir, checkpoint_file, data_name_or_path, archive_map=None, **kwargs)
     cfg = loaded["args"]
