@@ -348,7 +348,7 @@ def test_an_out_that_is_a_file_is_a_usage_error(tmp_path, capsys):
     assert parser.parse_args(["--out", str(tmp_path / "new")]).out == tmp_path / "new"
 
 
-@pytest.mark.parametrize("args", [["--max-epoch", "0"], ["--vocab-size", "-1"], ["--out", __file__]])
+@pytest.mark.parametrize("args", [["--max-epoch", "0"], ["--vocab-size", "0"], ["--out", __file__]])
 def test_the_quickstarts_bad_flags_are_usage_errors(args):
     """The README's first command: --max-epoch 0 trained without end (fairseq's 0 is no limit), --vocab-size 0
     stopped in sentencepiece, a file as --out in a traceback; now argparse says so before any stage runs."""
