@@ -25,8 +25,8 @@ logger = logging.getLogger(__name__)
 
 NO_SENTENCES = (
     "no sentences to batch: the split is empty, or fairseq left out every sentence as longer than the model's "
-    "max positions (--max-source-positions, --max-target-positions; in training and with "
-    "--skip-invalid-size-inputs-valid-test it skips them, with a warning saying how many)"
+    "max positions (--max-source-positions, --max-target-positions, and --max-tokens, which caps both; in "
+    "training and with --skip-invalid-size-inputs-valid-test it skips them, with a warning saying how many)"
 )
 
 

@@ -51,7 +51,10 @@ def test_no_sentence_left_to_batch_is_named_not_an_index_error(dataset):
     none = dataset.ordered_indices()[:0]
     with pytest.raises(IndexError):
         data_utils.batch_by_size.__wrapped__(none, dataset.num_tokens, None, None, 16, 8)
-    with pytest.raises(ValueError, match=r"no sentences to batch: the split is empty, or .* \(--max-source-positions"):
+    with pytest.raises(
+        ValueError,
+        match=r"no sentences to batch: .* \(--max-source-positions, --max-target-positions, and --max-tokens",
+    ):
         dataset.batch_by_size(none, max_sentences=16, required_batch_size_multiple=8)
     assert dataset.batch_by_size(none, max_sentences=16, required_batch_size_multiple=1) == []
 
