@@ -21,6 +21,8 @@ import os
 
 from fairseq.data import data_utils, indexed_dataset
 
+from .patching import install, is_wrapped
+
 logger = logging.getLogger(__name__)
 
 NO_SENTENCES = (
@@ -34,7 +36,7 @@ def warn_on_dropped_sentences() -> None:
     """Wrap ``data_utils.batch_by_size`` (what every fairseq dataset batches with) to warn when the batches it
     returns hold fewer sentences than the indices it was given (idempotent)."""
     batch_by_size = data_utils.batch_by_size
-    if getattr(batch_by_size, "warns_for_convs2s", False):
+    if is_wrapped(batch_by_size):
         return
 
     signature = inspect.signature(batch_by_size)
@@ -59,16 +61,14 @@ def warn_on_dropped_sentences() -> None:
             )
         return batches
 
-    batch_by_size_and_warn.warns_for_convs2s = True
-    batch_by_size_and_warn.__doc__, batch_by_size_and_warn.__wrapped__ = batch_by_size.__doc__, batch_by_size
-    data_utils.batch_by_size = batch_by_size_and_warn
+    install(data_utils, "batch_by_size", batch_by_size_and_warn)
 
 
 def refuse_empty_splits() -> None:
     """Wrap ``indexed_dataset.make_dataset`` (what fairseq's tasks load a binarized split with) to raise a
     ``ValueError`` naming an empty memory-mapped ``.bin`` file, where fairseq fails on it unnamed (idempotent)."""
     make_dataset = indexed_dataset.make_dataset
-    if getattr(make_dataset, "refuses_empty_for_convs2s", False):
+    if is_wrapped(make_dataset):
         return
 
     def make_dataset_or_refuse_empty(path, impl, *args, **kwargs):
@@ -81,6 +81,4 @@ def refuse_empty_splits() -> None:
             )
         return make_dataset(path, impl, *args, **kwargs)
 
-    make_dataset_or_refuse_empty.refuses_empty_for_convs2s = True
-    make_dataset_or_refuse_empty.__doc__, make_dataset_or_refuse_empty.__wrapped__ = make_dataset.__doc__, make_dataset
-    indexed_dataset.make_dataset = make_dataset_or_refuse_empty
+    install(indexed_dataset, "make_dataset", make_dataset_or_refuse_empty)

@@ -11,11 +11,12 @@ And a model built to load a checkpoint reads no pre-trained embedding file (:fun
 import argparse
 import contextlib
 import contextvars
-import functools
 import sys
 
 import torch
 from fairseq import checkpoint_utils
+
+from .patching import install, is_wrapped
 
 # the classes fairseq 0.12 writes into checkpoints besides tensors and builtin containers
 FAIRSEQ_CHECKPOINT_GLOBALS = [argparse.Namespace]
@@ -63,13 +64,11 @@ def build_models_to_load() -> None:
     re-parses a GloVe-size file at every load where it is. A convs2s model skips the file there; training a fresh
     model (``fairseq-train``, which builds without this wrapper) reads it as before."""
     load = checkpoint_utils.load_model_ensemble_and_task
-    if getattr(load, "builds_to_load", False):
+    if is_wrapped(load):
         return
 
-    @functools.wraps(load)
     def load_model_ensemble_and_task(*args, **kwargs):
         with building_to_load():
             return load(*args, **kwargs)
 
-    load_model_ensemble_and_task.builds_to_load = True
-    checkpoint_utils.load_model_ensemble_and_task = load_model_ensemble_and_task
+    install(checkpoint_utils, "load_model_ensemble_and_task", load_model_ensemble_and_task)

@@ -24,6 +24,8 @@ from fairseq import search
 from fairseq.tasks import FairseqTask
 from torch import Tensor
 
+from .patching import install, is_wrapped
+
 
 def positions_in_batch(ids_at_start: Tensor, ids: Tensor) -> Tensor:
     """Where each of ``ids`` (the sentences still decoding, a subset) stood among ``ids_at_start`` (the batch's
@@ -36,7 +38,7 @@ def fix_diverse_beam_search() -> None:
     """Wrap ``DiverseBeamSearch.step`` so that it indexes its overlap rows by position in the batch (idempotent)."""
     cls = search.DiverseBeamSearch
     original_step = cls.step
-    if getattr(original_step, "fixed_by_convs2s", False):
+    if is_wrapped(original_step):
         return
     if "original_batch_idxs" not in inspect.signature(original_step).parameters:
         return
@@ -55,16 +57,14 @@ def fix_diverse_beam_search() -> None:
             original_batch_idxs = positions_in_batch(self.ids_at_start, original_batch_idxs)
         return original_step(self, step, lprobs, scores, prev_output_tokens, original_batch_idxs)
 
-    step_by_position.fixed_by_convs2s = True
-    step_by_position.__doc__, step_by_position.__wrapped__ = original_step.__doc__, original_step
-    cls.step = step_by_position
+    install(cls, "step", step_by_position)
 
 
 def refuse_empty_beams() -> None:
     """Wrap ``FairseqTask.build_generator`` (fairseq-generate, fairseq-interactive, the hub, ``--eval-bleu``) to
     refuse a ``--beam`` or ``--nbest`` below 1 (idempotent)."""
     original_build = FairseqTask.build_generator
-    if getattr(original_build, "checked_by_convs2s", False):
+    if is_wrapped(original_build):
         return
 
     def build_generator_checked(self, models, args, *rest, **kwargs):
@@ -74,6 +74,4 @@ def refuse_empty_beams() -> None:
                 raise ValueError(f"--{flag} must be at least 1, got {count}")
         return original_build(self, models, args, *rest, **kwargs)
 
-    build_generator_checked.checked_by_convs2s = True
-    build_generator_checked.__doc__, build_generator_checked.__wrapped__ = original_build.__doc__, original_build
-    FairseqTask.build_generator = build_generator_checked
+    install(FairseqTask, "build_generator", build_generator_checked)
