@@ -1,30 +1,30 @@
-"""Loads the fairseq-convs2s plugin when fairseq reads a convs2s checkpoint without it (a missing ``--user-dir``).
+"""Loads the fairseq-convs2s plugin when fairseq reads a convs2s checkpoint without it (a missing ``--user-dir``),
+and holds the one way the plugin puts a wrapper in place of a fairseq function (:func:`replace`).
 
 Installing fairseq-convs2s puts ``fairseq_convs2s_autoload.pth`` into site-packages; Python runs its one line at
-start-up, which imports this module. It imports nothing but the standard library and only watches for
-``fairseq.checkpoint_utils`` being imported; then it wraps ``load_checkpoint_to_cpu``, the function through which
-fairseq-generate, fairseq-interactive, fairseq-validate, ``--restore-file`` and ``from_pretrained`` read a
-checkpoint. When the plugin has not been imported and the checkpoint names a convs2s arch, it imports the plugin
-(registering the model, and letting torch >= 2.6 read the ``argparse.Namespace`` inside every fairseq checkpoint)
-and logs a warning that names the flag that was missing. Without this, fairseq fails inside ``torch.load`` with
-"Unsupported global: GLOBAL argparse.Namespace", or on torch < 2.6 with an unknown arch, and neither says what
-to add. It also marks each call of ``load_model_ensemble_and_task`` (:data:`LOADING_CHECKPOINT`), so that the
-plugin imported in the middle of one builds its model as with ``--user-dir`` (reading no pre-trained embedding
-file).
+start-up, which imports this module. At start-up it imports nothing beyond what Python has already loaded (``os``,
+``sys``) and only watches for ``fairseq.checkpoint_utils`` being imported; then it wraps ``load_checkpoint_to_cpu``,
+the function through which fairseq-generate, fairseq-interactive, fairseq-validate, ``--restore-file`` and
+``from_pretrained`` read a checkpoint. When the plugin has not been imported and the checkpoint names a convs2s
+arch, it imports the plugin (registering the model, and letting torch >= 2.6 read the ``argparse.Namespace``
+inside every fairseq checkpoint) and logs a warning that names the flag that was missing. Without this, fairseq
+fails inside ``torch.load`` with "Unsupported global: GLOBAL argparse.Namespace", or on torch < 2.6 with an unknown
+arch, and neither says what to add.
+
+It also marks each call of ``load_model_ensemble_and_task`` (:data:`LOADING_CHECKPOINT`, :func:`mark_checkpoint_loads`):
+the models built there only receive a checkpoint's weights, so they read no pre-trained embedding file. The plugin
+(``fairseq_convs2s.compat.checkpoints``) installs the same wrapper when it is imported first, and reads the same
+variable, so the fact has one name whichever came first.
 
 The arch is found by reading the checkpoint's pickle opcodes (``pickletools``), which executes nothing.
 ``FAIRSEQ_CONVS2S_NO_AUTOLOAD=1`` switches the hook off.
 """
 
+from __future__ import annotations
+
 import contextvars
-import functools
-import importlib.abc
-import logging
 import os
-import pickletools
 import sys
-import zipfile
-from typing import Optional
 
 # the archs fairseq_convs2s registers (tests/test_autoload.py keeps this list equal to the registry)
 CONVS2S_ARCHS = frozenset(
@@ -40,17 +40,41 @@ CONVS2S_ARCHS = frozenset(
 WATCHED = "fairseq.checkpoint_utils"
 PLUGIN = "fairseq_convs2s"
 
-logger = logging.getLogger("fairseq_convs2s.autoload")
+# True while models are built only to receive a checkpoint's weights: inside fairseq's load_model_ensemble_and_task
+# (marked here, or by the plugin through the same wrapper) or the plugin's own ``building_to_load``
+LOADING_CHECKPOINT: contextvars.ContextVar = contextvars.ContextVar("convs2s_loading_checkpoint", default=False)
 
-# True while fairseq's load_model_ensemble_and_task runs, whose models are built only to receive a checkpoint's
-# weights. The plugin, imported by this hook in the middle of such a call (too late to have wrapped it itself),
-# reads it to skip pre-trained embedding files (fairseq_convs2s.checkpoint_compat.is_building_to_load).
-LOADING_CHECKPOINT: contextvars.ContextVar = contextvars.ContextVar("convs2s_autoload_loading", default=False)
+_MARK = "_convs2s_wrapper"
 
 
-def checkpoint_arch(path) -> Optional[str]:
+def is_replaced(function) -> bool:
+    """Whether ``function`` is already one of the plugin's wrappers (:func:`replace`)."""
+    return getattr(function, _MARK, False)
+
+
+def replace(owner, name: str, wrapper) -> None:
+    """Put ``wrapper`` in place of ``owner.<name>`` (a module's function or a class's method) with the original's
+    name and docstring, the original reachable as ``__wrapped__`` (the tests call it to show what fairseq does
+    alone), and marked as the plugin's (:func:`is_replaced`), so that each fix is installed once per process."""
+    import functools
+
+    functools.update_wrapper(wrapper, getattr(owner, name))
+    setattr(wrapper, _MARK, True)
+    setattr(owner, name, wrapper)
+
+
+def _logger():
+    import logging
+
+    return logging.getLogger("fairseq_convs2s.autoload")
+
+
+def checkpoint_arch(path) -> str | None:
     """The convs2s arch (the preset) named in the checkpoint at ``path`` (a ``torch.save`` zip archive), or None:
     not such a checkpoint, not a readable zip, or not a local file. Reads the pickle's opcodes; runs none of them."""
+    import pickletools
+    import zipfile
+
     try:
         with zipfile.ZipFile(path) as archive:
             name = next(n for n in archive.namelist() if n == "data.pkl" or n.endswith("/data.pkl"))
@@ -72,29 +96,13 @@ def missing_user_dir_message(path, arch: str) -> str:
     )
 
 
-def wrap_load_checkpoint(module) -> None:
-    """Replace ``module.load_checkpoint_to_cpu`` (``fairseq.checkpoint_utils``) by one that imports the plugin
-    first when a convs2s checkpoint is read without it, and mark the calls of ``load_model_ensemble_and_task``
-    (:data:`LOADING_CHECKPOINT`)."""
-    original = module.load_checkpoint_to_cpu
-    if getattr(original, "_convs2s_autoload", False):
+def mark_checkpoint_loads(module) -> None:
+    """Wrap ``module.load_model_ensemble_and_task`` (``fairseq.checkpoint_utils``) so that :data:`LOADING_CHECKPOINT`
+    is True while it runs (idempotent: the hook and the plugin both call this)."""
+    load_ensemble = module.load_model_ensemble_and_task
+    if is_replaced(load_ensemble):
         return
 
-    @functools.wraps(original)
-    def load_checkpoint_to_cpu(path, *args, **kwargs):
-        if PLUGIN not in sys.modules:
-            arch = checkpoint_arch(path)
-            if arch is not None:
-                logger.warning(missing_user_dir_message(path, arch))
-                __import__(PLUGIN)
-        return original(path, *args, **kwargs)
-
-    load_checkpoint_to_cpu._convs2s_autoload = True
-    module.load_checkpoint_to_cpu = load_checkpoint_to_cpu
-
-    load_ensemble = module.load_model_ensemble_and_task
-
-    @functools.wraps(load_ensemble)
     def load_model_ensemble_and_task(*args, **kwargs):
         token = LOADING_CHECKPOINT.set(True)
         try:
@@ -102,12 +110,30 @@ def wrap_load_checkpoint(module) -> None:
         finally:
             LOADING_CHECKPOINT.reset(token)
 
-    module.load_model_ensemble_and_task = load_model_ensemble_and_task
+    replace(module, "load_model_ensemble_and_task", load_model_ensemble_and_task)
 
 
-class _AfterImportFinder(importlib.abc.MetaPathFinder):
-    """Finds nothing itself; for ``fairseq.checkpoint_utils`` it lets the other finders find the module and runs
-    :func:`wrap_load_checkpoint` once the module has executed."""
+def wrap_load_checkpoint(module) -> None:
+    """Replace ``module.load_checkpoint_to_cpu`` (``fairseq.checkpoint_utils``) by one that imports the plugin
+    first when a convs2s checkpoint is read without it, and mark the calls of ``load_model_ensemble_and_task``."""
+    original = module.load_checkpoint_to_cpu
+    if not is_replaced(original):
+
+        def load_checkpoint_to_cpu(path, *args, **kwargs):
+            if PLUGIN not in sys.modules:
+                arch = checkpoint_arch(path)
+                if arch is not None:
+                    _logger().warning(missing_user_dir_message(path, arch))
+                    __import__(PLUGIN)
+            return original(path, *args, **kwargs)
+
+        replace(module, "load_checkpoint_to_cpu", load_checkpoint_to_cpu)
+    mark_checkpoint_loads(module)
+
+
+class _AfterImportFinder:
+    """A ``sys.meta_path`` finder that finds nothing itself; for ``fairseq.checkpoint_utils`` it lets the other
+    finders find the module and runs :func:`wrap_load_checkpoint` once the module has executed."""
 
     def find_spec(self, fullname, path, target=None):
         if fullname != WATCHED:
@@ -130,10 +156,13 @@ class _AfterImportFinder(importlib.abc.MetaPathFinder):
             try:
                 wrap_load_checkpoint(module)
             except Exception:  # never break fairseq's import over a convenience
-                logger.debug("could not wrap %s.load_checkpoint_to_cpu", WATCHED, exc_info=True)
+                _logger().debug("could not wrap %s.load_checkpoint_to_cpu", WATCHED, exc_info=True)
 
         loader.exec_module = exec_then_wrap
         return spec
+
+    def invalidate_caches(self):
+        pass
 
 
 def install() -> None:

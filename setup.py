@@ -56,7 +56,7 @@ setup(
     long_description=open("README.md", encoding="utf-8").read(),
     long_description_content_type="text/markdown",
     python_requires=">=3.8",
-    packages=find_packages(include=["fairseq_convs2s", "fairseq_convs2s.*"]),
+    packages=find_packages(include=["fairseq_convs2s", "fairseq_convs2s.*", "convs2s_runtime", "convs2s_runtime.*"]),
     py_modules=["fairseq_convs2s_autoload"],
     cmdclass=commands,
     install_requires=[

@@ -22,13 +22,13 @@ from fairseq.sequence_generator import SequenceGenerator
 from torch.nn.utils.weight_norm import WeightNorm
 from torch.utils.flop_counter import FlopCounterMode
 
-from fairseq_convs2s.criterions.fused_label_smoothed import (
-    FusedLabelSmoothedCrossEntropyCriterion,
+from fairseq_convs2s.criterions.fused_label_smoothed import FusedLabelSmoothedCrossEntropyCriterion
+from fairseq_convs2s.criterions.label_smoothed_loss import (
     ProjectedLossTargets,
     label_smoothed_nll_loss_from_logits,
     projected_label_smoothed_loss,
 )
-from fairseq_convs2s.modules.weight_norm import training_linear
+from fairseq_convs2s.modules.training_products import training_linear
 
 from .pair import SIZES, build_pair, collate, make_dictionary, random_sentences
 
@@ -441,7 +441,7 @@ class Stopwatch:
 
 def vocabulary_projection(model) -> Tuple[object, str]:
     """The method a model's decoder multiplies by the output vocabulary in: fconv's ``fc3``; convs2s's
-    ``output_layer`` (its decoding steps call the projection's folded product, not the module)."""
+    ``output_layer`` (its fast decoding steps call the projection's product there, not the module)."""
     fc3 = getattr(model.decoder, "fc3", None)
     return (fc3, "forward") if fc3 is not None else (model.decoder, "output_layer")
 

@@ -15,8 +15,8 @@ from fairseq.models.fconv import FConvModel
 from fairseq.models.fconv import base_architecture as fconv_base_architecture
 
 import fairseq_convs2s  # noqa: F401  (registers the model)
-from fairseq_convs2s.convert_fconv import convert_checkpoint
 from fairseq_convs2s.models.convs2s import ConvS2SModel
+from fairseq_convs2s.models.fconv_checkpoint import convert_checkpoint
 
 
 @dataclass(frozen=True)
@@ -77,7 +77,7 @@ def build_pair(
     task = SimpleNamespace(source_dictionary=dictionary, target_dictionary=target_dictionary or dictionary)
     fconv = FConvModel.build_model(args, task)
     checkpoint = {"cfg": {"model": args, "task": {"_name": "translation"}}, "model": fconv.state_dict()}
-    converted = convert_checkpoint(checkpoint)
+    converted = convert_checkpoint(checkpoint, ConvS2SModel)
     convs2s = ConvS2SModel.build_model(argparse.Namespace(**vars(converted["cfg"]["model"])), task)
     convs2s.load_state_dict(converted["model"], strict=True)
     return fconv, convs2s

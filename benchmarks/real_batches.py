@@ -27,6 +27,7 @@ import contextlib
 import copy
 import json
 from pathlib import Path
+from unittest import mock
 
 import torch
 from fairseq import options, tasks
@@ -34,8 +35,8 @@ from fairseq.criterions.label_smoothed_cross_entropy import LabelSmoothedCrossEn
 from fairseq.dataclass.utils import convert_namespace_to_omegaconf
 from fairseq.optim.nag import FairseqNAG
 
+from fairseq_convs2s.criterions import fused_label_smoothed
 from fairseq_convs2s.criterions.fused_label_smoothed import FusedLabelSmoothedCrossEntropyCriterion
-from fairseq_convs2s.models.decoder import ConvS2SDecoder
 from fairseq_convs2s.train import keep_freed_memory
 
 from . import measure
@@ -84,11 +85,8 @@ class Update:
 def _all_positions():
     """The fused criterion without the row selection: every position projected and scored from the stored
     logits, as before ``output_rows`` (and before the decoder scored its rows in chunks)."""
-    ConvS2SDecoder.projects_selected_rows = False
-    try:
+    with mock.patch.object(fused_label_smoothed, "projects_selected_rows", lambda model: False):
         yield
-    finally:
-        ConvS2SDecoder.projects_selected_rows = True
 
 
 def main(argv=None) -> None:

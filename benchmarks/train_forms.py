@@ -1,15 +1,13 @@
-"""Which products a training update runs through oneDNN: convs2s against itself with them moved about.
+"""What each of the training update's choices buys: convs2s against itself with one of them changed at a time.
 
 ``python -m benchmarks.train_forms [--sizes iwslt,wmt_en_de] [--repeats R] [--device cuda] [--dtype bf16]`` times
 the harness's training update (64 x 26 target tokens, label smoothing, backward, clip, NAG) of convs2s unchanged
 and with, in turn:
 - ``mkl-linears``: the weight-normalized linears (the vocabulary projection among them) by ``F.linear`` on MKL,
-  instead of the autograd product whose forward and input gradient run through oneDNN (``training_linear``);
-- ``onednn-weight-gradients``: that product's weight gradient through oneDNN too, instead of MKL;
+  instead of the autograd product whose forward and input gradient run through oneDNN
+  (``modules/training_products.py``);
 - ``conv-tbc``: the convolutions by ``conv_tbc`` (an MKL product per kernel tap, what fconv runs), instead of
-  one oneDNN product over the k shifted inputs side by side (``_Im2colConvTBC``);
-- ``conv1d``: the convolutions up to 512 input channels (kernel above 1) by ``F.conv1d`` (oneDNN's direct
-  convolution, on batch x channel x time views), the others by ``conv_tbc`` (not taken: slower in the model);
+  one oneDNN product over the k shifted inputs side by side (``Im2colConvTBC``);
 - ``fairseq-loss``: fairseq's ``label_smoothed_cross_entropy`` loss through the log-softmax, instead of the
   plugin's ``fused_label_smoothed_cross_entropy`` (the unchanged update uses the fused criterion);
 - ``logits-loss``: the fused criterion's loss from the N x V logits the projection writes (in one pass), instead
@@ -30,18 +28,10 @@ import torch
 import torch.nn.functional as F
 from fairseq.modules import FairseqDropout
 
-from fairseq_convs2s.models import decoder
+from fairseq_convs2s.criterions import fused_label_smoothed
 from fairseq_convs2s.modules import dropout, weight_norm
 
 from . import measure
-
-
-class _AllOneDNNLinear(weight_norm._OneDNNLinear):
-    @staticmethod
-    def backward(ctx, grad):  # grad: N x out
-        x, weight = ctx.saved_tensors
-        grad_x = weight_norm._onednn_linear(grad, weight.t(), None) if ctx.needs_input_grad[0] else None
-        return grad_x, weight_norm._onednn_linear(grad.t(), x.t(), None), grad.sum(0)
 
 
 @contextlib.contextmanager
@@ -61,30 +51,8 @@ def mkl_linears(step):
 
 
 @contextlib.contextmanager
-def onednn_weight_gradients(step):
-    with _patched(weight_norm, "_OneDNNLinear", _AllOneDNNLinear):
-        yield
-
-
-@contextlib.contextmanager
 def conv_tbc(step):
-    with _patched(weight_norm, "_im2col_pays", lambda x, weight: False):
-        yield
-
-
-def _conv1d(self, x, padding=(0, 0)):
-    left, right = padding
-    if left != right:  # causal: padded by a copy, as the model did before the im2col product
-        x, left = F.pad(x, (0, 0, 0, 0, left, right)), 0
-    if self.in_channels > 512 or self.kernel_size == 1:
-        return torch.conv_tbc(x.contiguous(), self.weight, self.bias, left)
-    weight = self.weight.permute(2, 1, 0)  # k x in x out -> out x in x k
-    return F.conv1d(x.permute(1, 2, 0), weight, self.bias, padding=left).permute(2, 0, 1)  # T' x B x out
-
-
-@contextlib.contextmanager
-def conv1d(step):
-    with _patched(weight_norm.WeightNormConvTBC, "forward", _conv1d):
+    with _patched(weight_norm, "im2col_pays", lambda x, weight: False):
         yield
 
 
@@ -96,7 +64,7 @@ def fairseq_loss(step):
 
 @contextlib.contextmanager
 def logits_loss(step):
-    with _patched(decoder, "projects_in_chunks", lambda x: False):
+    with _patched(fused_label_smoothed, "projects_in_chunks", lambda x: False):
         yield
 
 
@@ -116,9 +84,7 @@ def torch_compile(step):
 
 VARIANTS = {
     "mkl-linears": mkl_linears,
-    "onednn-weight-gradients": onednn_weight_gradients,
     "conv-tbc": conv_tbc,
-    "conv1d": conv1d,
     "fairseq-loss": fairseq_loss,
     "logits-loss": logits_loss,
     "torch-dropout": torch_dropout,

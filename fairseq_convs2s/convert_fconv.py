@@ -2,203 +2,17 @@
 
     python -m fairseq_convs2s.convert_fconv IN.pt OUT.pt
 
-The layer specs, embedding sizes, dictionaries and position tables of the original are kept (not a preset's);
-the attention keeps fconv's scaling (``--attention-scaling fconv``). Older formats are handled: ``args`` stored as
-an argparse Namespace, decoder convolutions normalized over another dimension (decoder version < 2, fairseq
-issue 73), and stray ``_linearized_weight`` tensors (fairseq issue 1949). The optimizer state is not carried over:
-the output is for generation or for fine-tuning with a fresh optimizer. Nothing is written unless the whole
-conversion succeeds.
+What is kept and which older formats are read: ``models/fconv_checkpoint.py``, which does the conversion. The
+optimizer state is not carried over: the output is for generation or for fine-tuning with a fresh optimizer.
+Nothing is written unless the whole conversion succeeds.
 """
 
 import argparse
 import os
-import re
 import sys
-import tempfile
-from argparse import Namespace
-from typing import Dict, Tuple
 
-import torch
-from torch import Tensor
-
-FCONV_ARCHS = ("fconv", "fconv_iwslt_de_en", "fconv_wmt_en_ro", "fconv_wmt_en_de", "fconv_wmt_en_fr")
-
-# fconv module path -> convs2s module path (the parameter names inside, weight_g/weight_v/bias, are the same)
-_RENAMES = [
-    (r"^encoder\.fc1\.", "encoder.input_projection."),
-    (r"^encoder\.fc2\.", "encoder.output_projection."),
-    (r"^decoder\.fc1\.", "decoder.input_projection."),
-    (r"^decoder\.fc2\.", "decoder.out_embed_projection."),
-    (r"^decoder\.fc3\.", "decoder.output_projection."),
-    (r"^(encoder|decoder)\.projections\.(\d+)\.", r"\1.blocks.\2.residual_projection."),
-    (r"^(encoder|decoder)\.convolutions\.(\d+)\.", r"\1.blocks.\2.conv."),
-    (r"^decoder\.attention\.(\d+)\.in_projection\.", r"decoder.blocks.\1.attention.query_projection."),
-    (r"^decoder\.attention\.(\d+)\.out_projection\.", r"decoder.blocks.\1.attention.output_projection."),
-]
-_KEPT = re.compile(r"^(encoder|decoder)\.(embed_tokens|embed_positions)\.weight$|^decoder\.version$")
-
-
-class ConversionError(ValueError):
-    """The input is not a convertible fconv checkpoint; the message says why."""
-
-
-def convert_state_dict(fconv_state: Dict[str, Tensor]) -> Dict[str, Tensor]:
-    """Map an fconv model state dict onto convs2s parameter names, upgrading old weight-norm layouts."""
-    state = {k: v for k, v in fconv_state.items() if not k.endswith("_linearized_weight")}
-    if float(state.get("decoder.version", torch.tensor([1.0])).flatten()[0]) < 2:
-        _renormalize_old_decoder_convs(state)
-    converted = {}
-    for key, value in state.items():
-        new_key = key
-        for pattern, replacement in _RENAMES:
-            new_key = re.sub(pattern, replacement, new_key)
-        if new_key == key and not _KEPT.match(key):
-            raise ConversionError(f"unexpected parameter {key!r}: this does not look like an fconv model")
-        converted[new_key] = value
-    converted["decoder.version"] = torch.tensor([2.0])
-    return converted
-
-
-def _renormalize_old_decoder_convs(state: Dict[str, Tensor]) -> None:
-    """Version-1 decoders normalized conv kernels (k x in x out) over dims (1, 2); re-split over (0, 1)."""
-    for key in [k for k in state if re.match(r"^decoder\.convolutions\.\d+\.weight_g$", k)]:
-        prefix = key[: -len("weight_g")]
-        g, v = state[key], state[prefix + "weight_v"]
-        weight = v * (g / torch.linalg.vector_norm(v, dim=(1, 2), keepdim=True))  # g: k x 1 x 1
-        state[prefix + "weight_v"] = weight
-        state[key] = torch.linalg.vector_norm(weight, dim=(0, 1), keepdim=True)  # 1 x 1 x out
-
-
-def convert_args(model_args: Namespace, state: Dict[str, Tensor]) -> Namespace:
-    """The convs2s model args for an fconv model: its own sizes and specs, position tables as stored."""
-    from fairseq.models.fconv import base_architecture
-
-    args = Namespace(**vars(model_args))
-    base_architecture(args)  # fconv's own defaults for anything an old checkpoint left out
-    args.arch = "convs2s"
-    args._name = "convs2s"
-    args.attention_scaling = "fconv"
-    pad = 1  # fairseq dictionaries put <pad> at index 1; fconv's tables have max_positions rows
-    for side in ("encoder", "decoder"):
-        rows = state[f"{side}.embed_positions.weight"].size(0)
-        setattr(args, f"max_{'source' if side == 'encoder' else 'target'}_positions", rows - pad - 1)
-    for spec in ("encoder_layers", "decoder_layers", "decoder_attention"):
-        setattr(args, spec, str(getattr(args, spec)))
-    return args
-
-
-def _model_args(checkpoint: dict) -> Tuple[Namespace, str]:
-    cfg = checkpoint.get("cfg")
-    if cfg is not None and cfg.get("model") is not None:
-        return cfg["model"], "cfg"
-    if checkpoint.get("args") is not None:
-        return checkpoint["args"], "args"
-    raise ConversionError("the checkpoint has neither 'cfg' nor 'args': not a fairseq checkpoint")
-
-
-def checkpoint_arch(checkpoint: dict) -> str:
-    """The ``--arch`` a loaded fairseq checkpoint was trained with (``cfg.model`` or, before fairseq 0.10, ``args``)."""
-    if not isinstance(checkpoint, dict) or "model" not in checkpoint:
-        raise ConversionError("not a fairseq checkpoint: no 'model' entry")
-    model_args, _ = _model_args(checkpoint)
-    if isinstance(model_args, dict):  # dataclass models store their config as a plain dict
-        return model_args.get("arch") or model_args.get("_name")
-    return getattr(model_args, "arch", None) or getattr(model_args, "_name", None)
-
-
-def convert_checkpoint(checkpoint: dict) -> dict:
-    """Convert a loaded fairseq checkpoint dict (fconv) into a convs2s checkpoint dict, checked by loading it."""
-    arch = checkpoint_arch(checkpoint)
-    model_args, where = _model_args(checkpoint)
-    if arch not in FCONV_ARCHS:
-        raise ConversionError(f"not an fconv translation model: its arch is {arch!r} (expected one of {FCONV_ARCHS})")
-    state = convert_state_dict(checkpoint["model"])
-    args = convert_args(model_args, state)
-    _check_loads(args, state)
-
-    out = {k: v for k, v in checkpoint.items() if k not in ("last_optimizer_state", "optimizer_history")}
-    out["model"] = state
-    out["optimizer_history"] = [{"criterion_name": "CrossEntropyCriterion", "optimizer_name": "none",
-                                 "lr_scheduler_state": {}, "num_updates": 0}]  # fmt: skip
-    if where == "cfg":
-        out["cfg"] = dict(checkpoint["cfg"])
-        out["cfg"]["model"] = args
-    else:
-        out["args"] = args
-    return out
-
-
-def _check_loads(args: Namespace, state: Dict[str, Tensor]) -> None:
-    """Build the convs2s model these args describe and load the state strictly: no weight left out or misfit."""
-    from types import SimpleNamespace
-
-    from fairseq.data import Dictionary
-
-    from .checkpoint_compat import building_to_load
-    from .models.convs2s import ConvS2SModel
-
-    def dictionary(size: int) -> Dictionary:
-        d = Dictionary()
-        for i in range(size - len(d)):
-            d.add_symbol(f"<{i}>")
-        return d
-
-    src = dictionary(state["encoder.embed_tokens.weight"].size(0))
-    tgt = dictionary(state["decoder.embed_tokens.weight"].size(0))
-    with building_to_load():  # the state's weights, not the pre-trained embedding files fconv was trained from
-        model = ConvS2SModel.build_model(
-            Namespace(**vars(args)), SimpleNamespace(source_dictionary=src, target_dictionary=tgt)
-        )
-    try:
-        model.load_state_dict(state, strict=True)
-    except RuntimeError as e:
-        raise ConversionError(f"the converted weights do not fit the model they describe: {e}") from None
-
-
-def read_checkpoint(path: str, mmap: bool = False) -> dict:
-    """``torch.load`` a checkpoint onto the CPU; a missing, truncated or non-torch file is a ConversionError.
-
-    With ``mmap`` the tensors of a zip-format file are mapped, not read, which makes looking at the ``cfg`` of a
-    large checkpoint cheap; files in torch's legacy format (before torch 1.6) are read in full. Importing this
-    module ran the package's ``__init__``, which allow-lists fairseq's checkpoint classes.
-    """
-    try:
-        if mmap:
-            try:
-                return torch.load(path, map_location="cpu", mmap=True)
-            except RuntimeError as e:
-                if "mmap" not in str(e):  # only the legacy format's refusal falls through to a full read
-                    raise
-        return torch.load(path, map_location="cpu")
-    except FileNotFoundError:
-        raise ConversionError(f"{path}: no such file") from None
-    except Exception as e:  # truncated or not a torch file
-        raise ConversionError(f"{path}: cannot be read as a torch checkpoint ({type(e).__name__}: {e})") from None
-
-
-def save_atomically(checkpoint: dict, out_path: str) -> None:
-    """``torch.save`` to a temporary file beside ``out_path``, renamed over it only once complete.
-
-    A reader never sees a half-written file, and a failure (full disk, interrupt) leaves no file behind. The file
-    gets the permissions a plain ``open`` would give it (0666 less the umask), not the temporary file's 0600.
-    """
-    out_dir = os.path.dirname(os.path.abspath(out_path))
-    fd, tmp = tempfile.mkstemp(dir=out_dir, prefix=".convert_fconv.", suffix=".pt")
-    os.close(fd)
-    try:
-        torch.save(checkpoint, tmp)
-        os.chmod(tmp, 0o666 & ~_umask())
-        os.replace(tmp, out_path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-        raise
-
-
-def _umask() -> int:
-    mask = os.umask(0o022)  # reading the umask means setting it: put it back at once
-    os.umask(mask)
-    return mask
+from .models.convs2s import ConvS2SModel
+from .models.fconv_checkpoint import ConversionError, convert_checkpoint, read_checkpoint, save_atomically
 
 
 def check_output_path(in_path: str, out_path: str) -> None:
@@ -216,7 +30,7 @@ def check_output_path(in_path: str, out_path: str) -> None:
 def convert_file(in_path: str, out_path: str) -> None:
     """Read ``in_path``, convert, write ``out_path`` atomically (a temporary file renamed when complete)."""
     check_output_path(in_path, out_path)
-    checkpoint = convert_checkpoint(read_checkpoint(in_path))
+    checkpoint = convert_checkpoint(read_checkpoint(in_path), ConvS2SModel)
     try:
         save_atomically(checkpoint, out_path)
     except OSError as e:  # a directory without write permission, a full disk

@@ -31,8 +31,9 @@ from cli_helpers import (
     update_records,
 )
 
-from fairseq_convs2s.convert_fconv import ConversionError, convert_file
-from fairseq_convs2s.train import MAX_CONSECUTIVE_SKIPS
+from fairseq_convs2s.compat.training import MAX_CONSECUTIVE_SKIPS
+from fairseq_convs2s.convert_fconv import convert_file
+from fairseq_convs2s.models.fconv_checkpoint import ConversionError
 
 POSITIONS = 16
 LONG_SOURCES = [5, 25, 40]  # words; the last two do not fit POSITIONS

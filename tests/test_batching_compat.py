@@ -1,5 +1,5 @@
 """fairseq's batching leaves sentences out without a word; with the plugin imported it says so
-(``fairseq_convs2s.batching_compat``), and the batches stay as fairseq makes them."""
+(``fairseq_convs2s.compat.batching``), and the batches stay as fairseq makes them."""
 
 import gc
 import logging

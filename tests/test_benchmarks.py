@@ -9,12 +9,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 from cli_helpers import make_splits, preprocess
-from utils import build_model, random_batch, seed_all
+from utils import build_model
 
-from benchmarks import alone, bf16_generation, checkpoint_activations, int8_decoding, measure
-from benchmarks.ablations import compiled_steps
+from benchmarks import ablations, alone, bf16_generation, checkpoint_activations, measure
 from benchmarks.against_revision import module_at
-from benchmarks.chunk_forms import main as chunk_forms_main
 from benchmarks.measure import count_flops
 from benchmarks.op_split import PRODUCTS, OperatorTimer, split_update
 from benchmarks.real_batches import main as real_batches_main
@@ -23,8 +21,10 @@ from benchmarks.risk_update import VARIANTS as RISK_VARIANTS
 from benchmarks.risk_update import _variant as risk_variant
 from benchmarks.train_forms import main as train_forms_main
 from benchmarks.train_forms import torch_compile
+from convs2s_runtime import products
 from fairseq_convs2s.criterions import sequence_risk
-from fairseq_convs2s.modules import weight_norm
+from fairseq_convs2s.modules.training_products import training_linear
+from fairseq_convs2s.modules.weight_norm import WeightNorm
 
 
 def test_count_flops_counts_conv_tbc_forward_and_backward():
@@ -62,8 +62,8 @@ def test_count_flops_counts_the_onednn_training_linear():
     x = torch.randn(64, 512, requires_grad=True)
     weight = torch.randn(1024, 512, requires_grad=True)
     bias = torch.zeros(1024, requires_grad=True)
-    assert weight_norm._use_onednn(x, 1024) == torch.backends.mkldnn.is_available()
-    flops = count_flops(lambda: weight_norm.training_linear(x, weight, bias).sum().backward())
+    assert products.onednn_pays(x, 512 * 1024) == torch.backends.mkldnn.is_available()
+    flops = count_flops(lambda: training_linear(x, weight, bias).sum().backward())
     assert flops == 3 * 2 * 64 * 512 * 1024
 
 
@@ -108,6 +108,23 @@ def test_train_forms_compile_variant_swaps_the_model_for_the_update_only():
         assert step.model is compiled
 
 
+def test_ablations_variants_decode_the_same_sentences_and_unknown_ones_are_refused(capsys):
+    """Each of ``benchmarks.ablations``' variants patches what it names (a missing switch would raise) and decodes;
+    a variant the script does not know stops it before any model is built."""
+    torch.manual_seed(0)
+    model = build_model(dropout=0.0).eval()  # unprepared, as the script runs it
+    dictionary = model.decoder.dictionary
+    samples = measure.source_batches(dictionary, 2, 5, 2, torch.device("cpu"))
+    run, result = measure.generator_fn(model, dictionary, samples, 2, 5)
+    for name, variant in ablations.VARIANTS.items():
+        with variant():
+            run()
+        assert len(result["hyps"]) == 2, name
+    with pytest.raises(SystemExit):
+        ablations.main(["--variants", "module-steps,compiled-steps"])
+    assert "unknown variants compiled-steps" in capsys.readouterr().err
+
+
 def test_bf16_generation_prepares_copies_in_each_precision_and_writes_both_speeds(tmp_path, capsys):
     """``benchmarks.bf16_generation`` decodes a bf16 copy and an fp32 copy of one model (the model itself left
     unprepared, its weight norm not folded) and writes each one's sentences/s and their ratio."""
@@ -115,7 +132,7 @@ def test_bf16_generation_prepares_copies_in_each_precision_and_writes_both_speed
     fp32, bf16 = bf16_generation.prepared(model, 5, False), bf16_generation.prepared(model, 5, True)
     assert {p.dtype for p in fp32.parameters()} == {torch.float32}
     assert {p.dtype for p in bf16.parameters()} == {torch.bfloat16}
-    norms = [[m.frozen for m in net.modules() if isinstance(m, weight_norm._WeightNorm)] for net in (model, bf16)]
+    norms = [[m.folded_in_place for m in net.modules() if isinstance(m, WeightNorm)] for net in (model, bf16)]
     assert norms[0] and not any(norms[0]) and all(norms[1]), norms  # folded for good in the copy only
 
     bf16_generation.main(
@@ -125,49 +142,6 @@ def test_bf16_generation_prepares_copies_in_each_precision_and_writes_both_speed
     assert row["fp32_sentences_per_s"] > 0 and row["bf16_sentences_per_s"] > 0
     assert row["bf16_over_fp32"] == pytest.approx(row["bf16_sentences_per_s"] / row["fp32_sentences_per_s"])
     assert f"= {row['bf16_over_fp32']:.2f}x" in capsys.readouterr().out
-
-
-def test_int8_decoding_multiplies_the_marked_copys_steps_in_int8_and_writes_three_speeds(tmp_path, capsys, monkeypatch):
-    """``benchmarks.int8_decoding``: the int8 copy's decoding steps go through int8 products (a packed weight per
-    layer, logits near the fp32 copy's and not equal to them), an unmarked model's steps stay fp32, and the run
-    writes fp32, bf16 and int8 sentences/s with the ratios."""
-    monkeypatch.setattr(weight_norm.FoldedProduct, "__call__", weight_norm.FoldedProduct.__call__)  # undone after
-    int8_decoding.use_int8_steps()
-    seed_all(0)
-    model = build_model(dropout=0.0)
-    fp32, int8 = bf16_generation.prepared(model, 5, False), int8_decoding.int8_copy(model, 5)
-    d = model.encoder.dictionary
-    src, prev = random_batch(d, [6, 4], seed=1), random_batch(d, [1, 1], seed=2, left_pad=False)
-    logits = []
-    with torch.no_grad():
-        for net in (fp32, int8):
-            encoder_out = net.encoder(src, src.ne(d.pad()).sum(1))
-            logits.append(net.decoder(prev, encoder_out, incremental_state={})[0])
-    assert not torch.equal(logits[0], logits[1])
-    torch.testing.assert_close(logits[1], logits[0], rtol=0, atol=0.05 * logits[0].abs().max().item())
-    caches = [[k for m in net.decoder.modules() for k in getattr(m, "_inference_cache", {})] for net in (fp32, int8)]
-    assert not any(k.endswith(".int8") for k in caches[0])
-    assert sum(k.endswith(".int8") for k in caches[1]) >= 5  # input, conv windows, residual..., output projections
-
-    int8_decoding.main(
-        [
-            "--sizes",
-            "iwslt",
-            "--batches",
-            "1",
-            "--repeats",
-            "1",
-            "--src-len",
-            "3",
-            "--no-products",
-            "--out",
-            str(tmp_path),
-        ]
-    )
-    (row,) = json.loads((tmp_path / "int8_decoding_cpu.json").read_text())["beam"]
-    assert min(row[f"{form}_sentences_per_s"] for form in ("fp32", "bf16", "int8")) > 0
-    assert row["int8_over_bf16"] == pytest.approx(row["int8_sentences_per_s"] / row["bf16_sentences_per_s"])
-    assert f"= {row['int8_over_fp32']:.2f}x fp32, {row['int8_over_bf16']:.2f}x bf16" in capsys.readouterr().out
 
 
 def test_train_forms_refuses_cpu_only_variants_on_a_gpu(capsys):
@@ -247,12 +221,14 @@ def test_train_step_with_the_fused_loss_runs_the_criterion_and_gives_fairseqs_lo
     decoder scores its rows in chunks; for fconv the loss comes from its logits. Either way fairseq's loss."""
     from benchmarks.measure import TrainStep, train_sample
     from benchmarks.pair import Size, build_pair, make_dictionary
-    from fairseq_convs2s.models import decoder
+    from fairseq_convs2s.criterions import fused_label_smoothed
 
     scored = []
-    projected_loss = decoder.projected_label_smoothed_loss
+    projected_loss = fused_label_smoothed.projected_label_smoothed_loss
     monkeypatch.setattr(
-        decoder, "projected_label_smoothed_loss", lambda x, *a: scored.append(len(x)) or projected_loss(x, *a)
+        fused_label_smoothed,
+        "projected_label_smoothed_loss",
+        lambda x, *a: scored.append(len(x)) or projected_loss(x, *a),
     )
     size = Size("convs2s_iwslt_de_en", "[(16, 3)] * 2", "[(16, 3)] * 2", 16, 16, 40)
     dictionary = make_dictionary(size.vocab)
@@ -297,7 +273,7 @@ def test_operator_timer_splits_products_from_other_operators_forward_and_backwar
     w = torch.randn(24, 16, requires_grad=True)
     timer = OperatorTimer()
     with timer:
-        y = weight_norm.training_linear(x, w, None)  # small: F.linear, an mm
+        y = training_linear(x, w, None)  # small: F.linear, an mm
         torch.sigmoid(y).sum().backward()  # the weight and input gradients are two more mm
     assert timer.calls["mm"] == 3 and timer.calls["sigmoid"] == 1 and timer.calls["sigmoid_backward"] == 1
     split = timer.split()
@@ -314,7 +290,7 @@ def test_operator_timer_counts_each_product_shape_with_its_flops():
     timer = OperatorTimer(by_shape=True)
     with timer:
         for _ in range(2):  # two runs: the rows are per run
-            torch.sigmoid(weight_norm.training_linear(x, w, None)).sum().backward()
+            torch.sigmoid(training_linear(x, w, None)).sum().backward()
     rows = timer.product_rows(runs=2)
     # the forward x w^T, the input gradient g w and the weight gradient g^T x: 2 x 32 x 16 x 24 FLOPs each
     assert sorted(r["shapes"] for r in rows) == sorted(
@@ -327,8 +303,8 @@ def test_operator_timer_counts_each_product_shape_with_its_flops():
     assert sum(r["seconds"] for r in rows) == pytest.approx(timer.seconds["mm"] / 2)
     one = OperatorTimer()
     with one:
-        torch.sigmoid(weight_norm.training_linear(x, w, None)).sum().backward()
-    split = split_update(lambda: torch.sigmoid(weight_norm.training_linear(x, w, None)).sum().backward(), runs=2)
+        torch.sigmoid(training_linear(x, w, None)).sum().backward()
+    split = split_update(lambda: torch.sigmoid(training_linear(x, w, None)).sum().backward(), runs=2)
     assert split["calls"] == sum(one.calls.values()) - one.calls["mm"]  # the other operators' calls, per run
     assert sorted((r["shapes"], r["calls"]) for r in split["products_by_shape"]) == sorted(
         (r["shapes"], 1) for r in rows
@@ -336,39 +312,16 @@ def test_operator_timer_counts_each_product_shape_with_its_flops():
 
 
 def test_against_revision_loads_a_module_as_committed_beside_todays():
-    from fairseq_convs2s.criterions import fused_label_smoothed
+    from fairseq_convs2s.criterions import label_smoothed_loss
 
-    old = module_at("HEAD", "fairseq_convs2s.criterions.fused_label_smoothed")  # its criterion not re-registered
-    assert old is not fused_label_smoothed and old.__package__ == "fairseq_convs2s.criterions"
-    assert old._ProjectedLabelSmoothed is not fused_label_smoothed._ProjectedLabelSmoothed
-    assert old._onednn_linear is fused_label_smoothed._onednn_linear  # relative imports: today's modules
+    old = module_at("HEAD", "fairseq_convs2s.criterions.label_smoothed_loss")
+    assert old is not label_smoothed_loss and old.__package__ == "fairseq_convs2s.criterions"
+    assert old._ProjectedLabelSmoothed is not label_smoothed_loss._ProjectedLabelSmoothed
+    assert old.onednn_linear is label_smoothed_loss.onednn_linear  # its imports: today's modules
     logits, target = torch.randn(6, 11, dtype=torch.float64), torch.randint(0, 11, (6,))
-    for module in (old, fused_label_smoothed):
+    for module in (old, label_smoothed_loss):
         loss, nll = module.label_smoothed_nll_loss_from_logits(logits, target, 0.1, ignore_index=-100)
         torch.testing.assert_close(nll, F.cross_entropy(logits, target, reduction="sum"))
-
-
-def test_chunk_forms_times_every_piece_in_each_form(capsys):
-    chunk_forms_main(["--rows", "832", "--repeats", "1"])
-    lines = capsys.readouterr().out.splitlines()
-    pieces = {line.split(":")[0]: line for line in lines[1:]}
-    assert set(pieces) == {
-        "softmax (a chunk)",
-        "gradient (a chunk)",
-        "input gradient (all chunks)",
-        "weight gradient (all chunks)",
-    }
-    assert "W^T a view" in pieces["input gradient (all chunks)"] and "addcmul" in pieces["gradient (a chunk)"]
-
-
-def test_compiled_steps_times_compiled_decoding_against_eager_with_the_same_hypotheses():
-    torch.manual_seed(0)
-    model = build_model(dropout=0.2)  # (prepared for generation: eval, no dropout)
-    dictionary = model.decoder.dictionary
-    samples = measure.source_batches(dictionary, 2, 5, 1, torch.device("cpu"))
-    first, times, same = compiled_steps(model, dictionary, samples, out_len=6, repeats=1, backend="aot_eager")
-    assert same and first > 0 and set(times) == {"eager", "compiled"} and min(times.values()) > 0
-    assert model.training  # the model itself left as it was: both sides are prepared copies
 
 
 def test_alone_times_a_variant_in_a_fresh_process():

@@ -48,7 +48,7 @@ def test_a_checkpoint_loads_without_the_embedding_files_it_was_trained_from(tmp_
     from fconv_helpers import write_fconv_archive
     from utils import make_dictionary
 
-    from fairseq_convs2s.checkpoint_compat import building_to_load
+    from fairseq_convs2s.compat.checkpoints import building_to_load
     from fairseq_convs2s.convert_fconv import convert_file
     from fairseq_convs2s.models.convs2s import ConvS2SModel
 

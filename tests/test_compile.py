@@ -9,7 +9,7 @@ import torch
 import torch._dynamo as dynamo
 from utils import build_model, random_batch
 
-from fairseq_convs2s.modules import weight_norm
+from convs2s_runtime import products
 
 
 def _batch(model):
@@ -27,10 +27,10 @@ def _logits(model, src, lengths, prev):
 @pytest.fixture
 def onednn_everywhere(monkeypatch):
     """Every linear of the tiny model through oneDNN, as the presets' large ones run on a CPU."""
-    if not weight_norm._onednn_dtypes:
+    if not products.ONEDNN_DTYPES:
         pytest.fail("this torch has no oneDNN: the CPU products under test cannot run")
-    monkeypatch.setattr(weight_norm, "ONEDNN_MIN_WEIGHT", 0)
-    monkeypatch.setattr(weight_norm, "ONEDNN_MIN_MACS", 0)
+    monkeypatch.setattr(products, "ONEDNN_MIN_WEIGHT", 0)
+    monkeypatch.setattr(products, "ONEDNN_MIN_MACS", 0)
 
 
 @pytest.mark.parametrize("mode", ["training", "validation"])

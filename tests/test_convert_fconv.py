@@ -12,8 +12,9 @@ import torch
 from fconv_helpers import fairseq_checkpoint, train_fconv
 from utils import beam_search, full_log_probs, make_dictionary, random_batch
 
-from fairseq_convs2s.convert_fconv import ConversionError, convert_checkpoint, convert_file
+from fairseq_convs2s.convert_fconv import convert_file
 from fairseq_convs2s.models.convs2s import ConvS2SModel
+from fairseq_convs2s.models.fconv_checkpoint import ConversionError, convert_checkpoint
 
 
 def load_converted(converted, dictionary):
@@ -37,7 +38,7 @@ def test_converted_model_gives_fconv_outputs(share):
     """Same log-probs (1e-5) and same beam-search hypotheses as the fconv model it came from."""
     dictionary = make_dictionary(25)
     fconv, args = train_fconv(dictionary, share=share)
-    converted = convert_checkpoint(fairseq_checkpoint(fconv, args))
+    converted = convert_checkpoint(fairseq_checkpoint(fconv, args), ConvS2SModel)
     convs2s = load_converted(converted, dictionary)
     assert convs2s.max_positions() == fconv.max_positions() == (38, 48)
 
@@ -56,8 +57,8 @@ def test_ensembles_decode_as_fconvs_ensemble():
     of the decoder): a distribution over the source."""
     dictionary = make_dictionary(25)
     (fconv_a, args_a), (fconv_b, args_b) = train_fconv(dictionary, steps=5), train_fconv(dictionary, steps=9)
-    convs2s_a = load_converted(convert_checkpoint(fairseq_checkpoint(fconv_a, args_a)), dictionary)
-    convs2s_b = load_converted(convert_checkpoint(fairseq_checkpoint(fconv_b, args_b)), dictionary)
+    convs2s_a = load_converted(convert_checkpoint(fairseq_checkpoint(fconv_a, args_a), ConvS2SModel), dictionary)
+    convs2s_b = load_converted(convert_checkpoint(fairseq_checkpoint(fconv_b, args_b), ConvS2SModel), dictionary)
     src = random_batch(dictionary, [9, 5, 7, 3, 6, 8], seed=7)
 
     expected = beam_search([fconv_a, fconv_b], dictionary, src)
@@ -93,7 +94,7 @@ def test_old_formats_convert_the_same():
         state[prefix + "_linearized_weight"] = torch.zeros(1)
     old["model"] = state
     old["args"], old["cfg"] = old["cfg"]["model"], None  # pre-hydra checkpoints kept a Namespace in 'args'
-    a, b = load_converted(convert_checkpoint(new), dictionary), convert_checkpoint(old)
+    a, b = load_converted(convert_checkpoint(new, ConvS2SModel), dictionary), convert_checkpoint(old, ConvS2SModel)
     assert b["args"].arch == "convs2s"
     b = load_converted({"cfg": {"model": b["args"]}, "model": b["model"]}, dictionary)
     src = random_batch(dictionary, [6, 4], seed=3)
@@ -105,7 +106,7 @@ def test_a_swapped_weight_is_caught():
     """The equality check has teeth: swapping two same-shaped tensors changes the outputs."""
     dictionary = make_dictionary(25)
     fconv, args = train_fconv(dictionary)
-    converted = convert_checkpoint(fairseq_checkpoint(fconv, args))
+    converted = convert_checkpoint(fairseq_checkpoint(fconv, args), ConvS2SModel)
     state = converted["model"]
     a, b = "decoder.blocks.0.conv.weight_v", "decoder.blocks.1.conv.weight_v"
     state[a], state[b] = state[b], state[a]

@@ -13,7 +13,7 @@ from fairseq.criterions.label_smoothed_cross_entropy import (
 )
 from utils import build_model, make_dictionary, random_batch, seed_all
 
-from fairseq_convs2s.criterions import fused_label_smoothed
+from fairseq_convs2s.criterions import fused_label_smoothed, label_smoothed_loss
 from fairseq_convs2s.criterions.fused_label_smoothed import (
     FusedLabelSmoothedCrossEntropyCriterion,
     ProjectedLossTargets,
@@ -22,7 +22,6 @@ from fairseq_convs2s.criterions.fused_label_smoothed import (
     normalizes_by_log_softmax,
     projected_label_smoothed_loss,
 )
-from fairseq_convs2s.models import decoder as decoder_module
 
 PAD = 1
 
@@ -35,7 +34,7 @@ def _stock(logits, target, epsilon, reduce=True):
 @pytest.mark.parametrize("epsilon", [0.0, 0.1, 0.3])
 @pytest.mark.parametrize("chunk_bytes", [64, 1 << 19])  # one row per chunk, and all rows in one chunk
 def test_loss_and_gradient_equal_fairseqs(epsilon, chunk_bytes, monkeypatch):
-    monkeypatch.setattr(fused_label_smoothed, "CHUNK_BYTES", chunk_bytes)
+    monkeypatch.setattr(label_smoothed_loss, "CHUNK_BYTES", chunk_bytes)
     torch.manual_seed(0)
     logits = (torch.randn(37, 50, dtype=torch.float64) * 3).float()
     target = torch.randint(2, 50, (37,))
@@ -60,11 +59,11 @@ def test_loss_and_gradient_equal_fairseqs(epsilon, chunk_bytes, monkeypatch):
 
 def test_rows_go_in_cache_sized_chunks_on_a_cpu_and_in_one_elsewhere(monkeypatch):
     # on a GPU each chunk costs kernel launches: chunked, an update on an H200 ran 0.58x as fast as with fairseq's loss
-    monkeypatch.setattr(fused_label_smoothed, "CHUNK_BYTES", 4 * 50 * 8)  # 8 rows of 50 fp32 logits
-    cpu = list(fused_label_smoothed._chunks(37, 50, torch.device("cpu")))
+    monkeypatch.setattr(label_smoothed_loss, "CHUNK_BYTES", 4 * 50 * 8)  # 8 rows of 50 fp32 logits
+    cpu = list(label_smoothed_loss._chunks(37, 50, torch.device("cpu")))
     assert cpu == [(0, 8), (8, 16), (16, 24), (24, 32), (32, 37)]
-    assert list(fused_label_smoothed._chunks(37, 50, torch.device("cuda"))) == [(0, 37)]
-    assert list(fused_label_smoothed._chunks(0, 50, torch.device("cuda"))) == []
+    assert list(label_smoothed_loss._chunks(37, 50, torch.device("cuda"))) == [(0, 37)]
+    assert list(label_smoothed_loss._chunks(0, 50, torch.device("cuda"))) == []
 
 
 def test_bf16_logits_give_fp32_loss_and_bf16_gradient():
@@ -101,8 +100,8 @@ def test_fp64_logits_are_computed_in_fp64():
 def test_projected_loss_equals_the_loss_of_the_logits(chunk_rows, onednn, bias, monkeypatch):
     """Projection and loss a chunk of rows at a time: the loss, NLL and argmax hits of the logits x W^T + b, and
     the gradients of x, W and b that backpropagating through the logits gives, scaled by the loss's gradient."""
-    monkeypatch.setattr(fused_label_smoothed, "PROJECTED_CHUNK_ROWS", chunk_rows)
-    monkeypatch.setattr(fused_label_smoothed, "_onednn_pays", lambda x, weight_size: onednn)
+    monkeypatch.setattr(label_smoothed_loss, "PROJECTED_CHUNK_ROWS", chunk_rows)
+    monkeypatch.setattr(label_smoothed_loss, "onednn_pays", lambda x, weight_size: onednn)
     torch.manual_seed(3)
     n, d, vocab = 37, 16, 50
     inputs = [torch.randn(n, d), torch.randn(vocab, d) * 0.5, torch.randn(vocab) if bias else None]
@@ -133,7 +132,7 @@ def test_projected_loss_equals_the_loss_of_the_logits(chunk_rows, onednn, bias, 
 def test_projected_loss_in_fp64_and_without_gradients(monkeypatch):
     """fp64 stays fp64 and equals fairseq's loss through the log-softmax; with gradients off (validation) the
     same loss; no accuracy unless asked for; no rows at all, no loss and no gradient."""
-    monkeypatch.setattr(fused_label_smoothed, "PROJECTED_CHUNK_ROWS", 5)
+    monkeypatch.setattr(label_smoothed_loss, "PROJECTED_CHUNK_ROWS", 5)
     torch.manual_seed(4)
     x, weight, b = torch.randn(13, 8, dtype=torch.float64), torch.randn(30, 8, dtype=torch.float64), None
     target = torch.randint(2, 30, (13,))
@@ -166,7 +165,7 @@ def _criteria(dictionary, **flags):
 def test_criterion_equals_label_smoothed_cross_entropy_on_a_model(ignore_prefix_size, chunk_rows, monkeypatch):
     """Loss, logging outputs (NLL, accuracy) and every parameter's gradient, through a ConvS2S model, whose
     decoder projects and scores its rows a chunk at a time (of 3 rows, or all in one)."""
-    monkeypatch.setattr(fused_label_smoothed, "PROJECTED_CHUNK_ROWS", chunk_rows)
+    monkeypatch.setattr(label_smoothed_loss, "PROJECTED_CHUNK_ROWS", chunk_rows)
     seed_all(0)
     d = make_dictionary()
     model = build_model("convs2s_iwslt_de_en", dictionary=d, dropout=0.0)
@@ -198,15 +197,15 @@ def test_criterion_equals_label_smoothed_cross_entropy_on_a_model(ignore_prefix_
 
 @pytest.mark.parametrize("in_chunks", [True, False])
 def test_the_criterion_projects_only_the_targets_positions(in_chunks, monkeypatch):
-    """Through a ConvS2S model (here inside fairseq's two distributed wrappers) the criterion asks for the loss
-    of the target's non-padding positions alone, which the decoder scores a chunk at a time (on a CPU in fp32)
-    or from their logits (elsewhere); with --sentence-avg it normalizes by sentences as fairseq's does;
-    unreduced, it gives fairseq's per-position losses, padding included."""
+    """Through a ConvS2S model (here inside fairseq's two distributed wrappers) the criterion takes the loss of
+    the target's non-padding positions alone, from the decoder's features and output projection a chunk at a
+    time (on a CPU in fp32) or from their logits (elsewhere); with --sentence-avg it normalizes by sentences as
+    fairseq's does; unreduced, it gives fairseq's per-position losses, padding included."""
     scored = []
-    projected_loss = decoder_module.projected_label_smoothed_loss
-    monkeypatch.setattr(decoder_module, "projects_in_chunks", lambda x: in_chunks)
+    projected_loss = fused_label_smoothed.projected_label_smoothed_loss
+    monkeypatch.setattr(fused_label_smoothed, "projects_in_chunks", lambda x: in_chunks)
     monkeypatch.setattr(
-        decoder_module,
+        fused_label_smoothed,
         "projected_label_smoothed_loss",
         lambda x, *args: scored.append(x.shape[:-1]) or projected_loss(x, *args),
     )
@@ -260,7 +259,7 @@ def test_the_check_sees_through_distributed_wrappers_and_instance_overrides():
     assert normalizes_by_log_softmax(_Wrapper(_Wrapper(model)))
     compiled = torch.compile(model)  # (compiled at its first call: never here)
     assert fused_label_smoothed.unwrap(_Wrapper(compiled)) is model and normalizes_by_log_softmax(compiled)
-    assert fused_label_smoothed.scores_projected_rows(compiled)
+    assert fused_label_smoothed.projects_selected_rows(compiled)
     model.decoder.get_normalized_probs = lambda net_output, log_probs, sample=None: net_output[0]
     assert not normalizes_by_log_softmax(_Wrapper(_Wrapper(model)))
     assert not normalizes_by_log_softmax(_Wrapper(torch.nn.Linear(2, 2)))

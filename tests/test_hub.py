@@ -24,8 +24,8 @@ from fconv_helpers import write_fconv_archive
 from utils import make_dictionary
 
 from fairseq_convs2s import ConvS2SModel
-from fairseq_convs2s import hub as hub_module
-from fairseq_convs2s.convert_fconv import ConversionError
+from fairseq_convs2s.models import pretrained as hub_module
+from fairseq_convs2s.models.fconv_checkpoint import ConversionError
 
 # toy-corpus sentences (source words s<i>; the target is t<i> in reverse order)
 SPM_SENTENCES = ["s1 s2 s3", "s4 s10 s12 s7 s20", "s23 s0", "s5 s5 s6 s9 s11 s14 s15"]

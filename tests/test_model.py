@@ -16,7 +16,6 @@ from utils import (
     seed_all,
 )
 
-from fairseq_convs2s.criterions.fused_label_smoothed import ProjectedLossTargets
 from fairseq_convs2s.models.convs2s import _load_embedding_file
 
 
@@ -92,69 +91,71 @@ def test_beam_orders_keep_one_encoder_row_per_source():
     torch.testing.assert_close(last, full[:, -1:], atol=1e-5, rtol=1e-5)
 
 
-@pytest.mark.parametrize("arch", ["convs2s_iwslt_de_en", "convs2s_wmt_en_de"])
-def test_the_first_step_of_beam_search_runs_once_per_source(arch, monkeypatch):
-    """Beam search starts each source with G copies of EOS: the first step computes one row per source and
-    repeats its logits, attention and conv windows, decoding as with every row computed (the same hypotheses
-    and alignments, scores to float rounding); later steps, first rows that differ, and a dropout retained at
-    inference (fairseq's --retain-dropout) take every row."""
-    from fairseq.modules import FairseqDropout
+@pytest.fixture
+def fast_step_rows(monkeypatch):
+    """A list of the rows of every decoding step taken on the fast path (``convs2s_runtime.step.decoder_step``)."""
+    from fairseq_convs2s.models import decoder as decoder_module
 
-    from fairseq_convs2s.models.decoder import ConvS2SDecoder
+    rows, step = [], decoder_module.decoder_step
+    monkeypatch.setattr(decoder_module, "decoder_step", lambda w, g, *a: rows.append(g.size(0)) or step(w, g, *a))
+    return rows
+
+
+@pytest.mark.parametrize("arch", ["convs2s_iwslt_de_en", "convs2s_wmt_en_de"])
+def test_the_first_step_of_beam_search_runs_once_per_source(arch, fast_step_rows):
+    """Beam search starts each source with G copies of EOS: the fast path's first step computes one row per
+    source and repeats its logits, attention and conv windows, decoding as the modules do with every row (the
+    same hypotheses and alignments, scores to float rounding); later steps, and first rows that differ, take
+    every row; a dropout retained at inference (fairseq's --retain-dropout) leaves the fast path."""
+    from fairseq.modules import FairseqDropout
 
     seed_all(0)
     model = build_model(arch, dictionary=make_dictionary(25)).eval()
     d = model.encoder.dictionary
     src = random_batch(d, [9, 5, 7, 3, 6, 8], seed=7)
-    rows = []
-    extract_features = ConvS2SDecoder.extract_features
-    monkeypatch.setattr(
-        ConvS2SDecoder,
-        "extract_features",
-        lambda self, prev, *a, **k: rows.append(prev.size(0)) or extract_features(self, prev, *a, **k),
-    )
-
-    def decode(once_per_source):
-        monkeypatch.setattr(ConvS2SDecoder, "first_step_once_per_source", once_per_source)
-        rows.clear()
-        return beam_search([model], d, src)
-
-    once, every = decode(True), decode(False)
-    assert rows[0] == 6 * 5 and len(rows) > 2
-    decode(True)
-    assert rows[0] == 6 and rows[1] == 6 * 5  # the sentences once, then every hypothesis
-    for beam, every_beam in zip(once, every):
-        assert [h[0] for h in beam] == [h[0] for h in every_beam]
-        for (_, score, attention), (_, every_score, every_attention) in zip(beam, every_beam):
-            assert score == pytest.approx(every_score, abs=1e-5)
-            torch.testing.assert_close(attention, every_attention, atol=1e-5, rtol=1e-5)
+    fast = beam_search([model], d, src)
+    assert fast_step_rows[:2] == [6, 6 * 5] and len(fast_step_rows) > 2  # the sentences once, then every hypothesis
+    model.decoder.fast_path = False
+    fast_step_rows.clear()
+    through_modules = beam_search([model], d, src)
+    assert fast_step_rows == []
+    model.decoder.fast_path = True
+    for beam, module_beam in zip(fast, through_modules):
+        assert [h[0] for h in beam] == [h[0] for h in module_beam]
+        for (_, score, attention), (_, module_score, module_attention) in zip(beam, module_beam):
+            assert score == pytest.approx(module_score, abs=1e-5)
+            torch.testing.assert_close(attention, module_attention, atol=1e-5, rtol=1e-5)
 
     expand = torch.arange(6).repeat_interleave(2)
     with torch.no_grad():
         encoder_out = model.encoder.reorder_encoder_out(model.encoder(src), expand)
         first = torch.full((12, 1), d.eos())
-        rows.clear()
+        fast_step_rows.clear()
         model.decoder(first, encoder_out, incremental_state={})
         first[1, 0] = d.unk()  # one source's two rows differ
         model.decoder(first, encoder_out, incremental_state={})
+        assert fast_step_rows == [6, 12]
         for m in model.modules():
             if isinstance(m, FairseqDropout):
                 m.apply_during_inference = True
-        encoder_out = model.encoder.reorder_encoder_out(model.encoder(src), expand)  # a new pass sees the dropout
+        encoder_out = model.encoder.reorder_encoder_out(model.encoder(src), expand)  # a new batch sees the dropout
         model.decoder(torch.full((12, 1), d.eos()), encoder_out, incremental_state={})
-    assert rows == [6, 12, 12]
+    assert fast_step_rows == [6, 12]
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
-def test_inference_steps_call_folded_products_and_decode_as_the_modules(dtype):
-    """At inference a decoding step calls the decoder's products folded for the pass, not its modules, and
-    decodes as the modules do through beam search's expand and reorder (oneDNN and MKL products both: full
-    widths; fp32, and bf16 and fp16 as fairseq-generate --bf16 and --fp16 run it), to the rounding of the
-    attention's W_d and W_c moved to the sources; with gradients on or a dropout retained (fairseq's
-    --retain-dropout) it goes through the modules; a copy of a model that decoded decodes exactly the same."""
+def test_the_fast_path_decodes_as_the_modules(dtype, monkeypatch):
+    """At inference a decoding step takes the fast path (folded products, the attention moved to the sources), not
+    the decoder's modules, and decodes as the modules do through beam search's expand and reorder (oneDNN and MKL
+    products both: full widths; fp32, and bf16 and fp16 as fairseq-generate --bf16 and --fp16 run it), to the
+    rounding of the attention's W_d and W_c moved to the sources; past the folded sources' budget the steps take
+    W_d and W_c as products; with gradients on or a dropout retained (fairseq's --retain-dropout) they go through
+    the modules; a copy of a model that decoded decodes exactly the same."""
     import copy
 
     from fairseq.modules import FairseqDropout
+
+    from convs2s_runtime import step
 
     seed_all(0)
     model = build_model("convs2s_iwslt_de_en", shrink=False, dropout=0.1).eval().to(dtype)
@@ -176,23 +177,24 @@ def test_inference_steps_call_folded_products_and_decode_as_the_modules(dtype):
         return torch.cat(out, 1)  # 6 x steps x V
 
     with torch.no_grad():
-        folded = decode(model)
+        fast = decode(model)
         assert not module_calls
-        model.decoder.use_folded_products = False
+        model.decoder.fast_path = False
         through_modules = decode(model)
         assert len(module_calls) == 6
-        model.decoder.use_folded_products = True
+        model.decoder.fast_path = True
         # float rounding, logits under 0.5: 1e-6 in fp32, about one step in bf16 (2^-9) and a few in fp16 (2^-12)
         atol = {torch.float32: 1e-6, torch.bfloat16: 8e-3, torch.float16: 1e-3}[dtype]
-        torch.testing.assert_close(folded, through_modules, rtol=1e-5, atol=atol)
-        # the attention's tensors moved to the sources: B' x S x (2 d per attending layer + f), in MiB
+        torch.testing.assert_close(fast, through_modules, rtol=1e-5, atol=atol)
+        # the attention's tensors moved to the sources: B' x S x (2 d per attending layer + f), in bytes
         keys = model.encoder(src).keys
-        budget = keys.size(0) * keys.size(1) * (2 * 3 * 256 + 256) * keys.element_size() / 2**20
-        model.decoder.folded_attention_budget_mib = budget - 2**-20  # a byte short: W_d and W_c at every step
+        budget = keys.size(0) * keys.size(1) * (2 * 3 * 256 + 256) * keys.element_size()
+        monkeypatch.setattr(step, "FOLDED_SOURCES_BUDGET", budget - 1)  # a byte short: W_d and W_c at every step
         torch.testing.assert_close(decode(model), through_modules, rtol=0, atol=0)
-        model.decoder.folded_attention_budget_mib = budget
-        torch.testing.assert_close(decode(model), folded, rtol=0, atol=0)
-        torch.testing.assert_close(decode(copy.deepcopy(model)), folded, rtol=0, atol=0)
+        assert len(module_calls) == 6  # (as products, not through the modules)
+        monkeypatch.setattr(step, "FOLDED_SOURCES_BUDGET", budget)
+        torch.testing.assert_close(decode(model), fast, rtol=0, atol=0)
+        torch.testing.assert_close(decode(copy.deepcopy(model)), fast, rtol=0, atol=0)
         for m in model.modules():
             if isinstance(m, FairseqDropout):
                 m.apply_during_inference = True
@@ -244,8 +246,8 @@ def test_sentence_scores_the_same_alone_and_in_a_padded_batch(arch, left_pad_sou
 @pytest.mark.parametrize("training", [True, False])
 def test_output_rows_give_the_logits_of_the_selected_positions(training, share):
     """``output_rows`` (B x T bool): the logits of exactly those positions, in row-major order, equal to the full
-    pass's (in training with dropout too: its mask is still drawn over every position; at inference through the
-    folded products); in training the vocabulary projection sees those rows alone."""
+    pass's (in training with dropout too: its mask is still drawn over every position); the vocabulary
+    projection sees those rows alone."""
     seed_all(0)
     model = build_model(dropout=0.3, share_input_output_embed=share).train(training)
     d = model.encoder.dictionary
@@ -263,13 +265,9 @@ def test_output_rows_give_the_logits_of_the_selected_positions(training, share):
     assert selected.shape == (17, len(d))
     torch.testing.assert_close(selected, full[rows])
     width = model.decoder.output_projection.in_features
+    assert [tuple(s) for s in projected] == [(3, 8, width), (17, width)]  # (at inference: its product)
     if training:
-        assert [tuple(s) for s in projected] == [(3, 8, width), (17, width)]
         assert not torch.equal(full, model(src, None, prev)[0])  # dropout was on: the seeds made the masks equal
-    elif share:  # a plain linear on the lookup table is its own folded product, called on B*T rows, then N
-        assert [tuple(s) for s in projected] == [(24, width), (17, width)]
-    else:  # inference calls the folded product, not the module
-        assert projected == []
 
 
 def test_output_rows_must_match_a_full_pass():
@@ -282,9 +280,6 @@ def test_output_rows_must_match_a_full_pass():
     encoder_out = model.encoder(src)
     with pytest.raises(ValueError, match="incremental"):
         model.decoder(prev[:, :1], encoder_out, incremental_state={}, output_rows=prev[:, :1].ne(d.pad()))
-    targets = ProjectedLossTargets(prev[prev.ne(d.pad())], 0.1, d.pad())
-    with pytest.raises(ValueError, match="loss_targets"):  # the loss of which positions?
-        model(src, None, prev, loss_targets=targets)
 
 
 def test_attention_ignores_source_padding_and_is_a_distribution():

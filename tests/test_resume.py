@@ -26,7 +26,7 @@ from cli_helpers import (
     update_records,
 )
 
-from fairseq_convs2s.train import _atomic_copy
+from fairseq_convs2s.compat.training import _atomic_copy
 
 INTERVAL = 4  # --save-interval-updates
 UPDATES = 16  # 300 sentences at --max-tokens 200: 14 updates an epoch, so the run crosses into epoch 2

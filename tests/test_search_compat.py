@@ -1,5 +1,5 @@
 """fairseq's diverse beam search decodes any batch once the plugin is imported, and a beam or n-best of none is
-refused before decoding (``fairseq_convs2s.search_compat``)."""
+refused before decoding (``fairseq_convs2s.compat.search``)."""
 
 import pytest
 import torch
@@ -9,7 +9,7 @@ from fairseq.tasks import FairseqTask
 from fairseq.tasks.translation import TranslationConfig, TranslationTask
 from utils import beam_search, build_model, make_dictionary, random_batch, seed_all
 
-from fairseq_convs2s.search_compat import positions_in_batch
+from fairseq_convs2s.compat.search import positions_in_batch
 
 LENGTHS = [9, 5, 7, 3, 6, 8, 4, 9, 2, 7]
 IDS = [412, 7, 1000, 93, 15, 600, 11, 250, 3, 58]  # dataset ids, most past the batch's size

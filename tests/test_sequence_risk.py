@@ -267,7 +267,7 @@ def test_only_the_non_padding_positions_are_projected(tiny, monkeypatch):
         return loss.item(), {n: p.grad.clone() for n, p in tiny.model.named_parameters() if p.grad is not None}
 
     selected_loss, selected_grads = loss_and_grads()
-    monkeypatch.setattr(type(tiny.model.decoder), "projects_selected_rows", False)
+    monkeypatch.setattr(sequence_risk, "projects_selected_rows", lambda model: False)
     full_loss, full_grads = loss_and_grads()
     hook.remove()
     rows = [len(seq) for row in cset.tokens for seq in row]  # 3 sources x (reference + 3 candidates), with EOS

@@ -63,7 +63,7 @@ def subword_post_process(data: Path, target_lang: str) -> str:
     check, so the scores and the criterion's costs join sub-words the same way)."""
     from fairseq.data import Dictionary
 
-    from fairseq_convs2s.criterions.sequence_risk import subword_marker
+    from fairseq_convs2s.criterions.risk_config import subword_marker
 
     marker = subword_marker(Dictionary.load(str(data / f"dict.{target_lang}.txt")))
     return marker[2] if marker is not None else "none"

@@ -11,9 +11,9 @@ from fairseq import utils
 from fairseq.dataclass.utils import gen_parser_from_dataclass
 from fairseq.models import FairseqEncoderDecoderModel, register_model
 
-from ..checkpoint_compat import is_building_to_load
+from ..compat.checkpoints import is_building_to_load
 from ..modules.attention import value_scale_for
-from ..modules.weight_norm import _WeightNorm
+from ..modules.weight_norm import WeightNorm
 from .config import DEFAULT_MAX_POSITIONS, ConvS2SConfig
 from .decoder import ConvS2SDecoder
 from .encoder import ConvS2SEncoder
@@ -63,9 +63,9 @@ class ConvS2SModel(FairseqEncoderDecoderModel):
         """fairseq's hub interface (``.translate(...)``) for a model directory, archive URL or ``hub_models`` name.
 
         As ``FairseqModel.from_pretrained``, except that an fconv checkpoint is converted on first load (to
-        ``<name>.convs2s.pt`` beside it, reused afterwards); see ``fairseq_convs2s.hub``.
+        ``<name>.convs2s.pt`` beside it, reused afterwards); see ``models/pretrained.py``.
         """
-        from ..hub import from_pretrained
+        from .pretrained import from_pretrained
 
         return from_pretrained(cls, model_name_or_path, checkpoint_file, data_name_or_path, **kwargs)
 
@@ -134,8 +134,7 @@ class ConvS2SModel(FairseqEncoderDecoderModel):
         weight: no folded copy beside it), instead of once per batch."""
         super().make_generation_fast_(**kwargs)
         for module in self.modules():
-            if isinstance(module, _WeightNorm):
-                module.frozen = True
+            if isinstance(module, WeightNorm):
                 module.fold_in_place()
 
     def prepare_for_inference_(self, cfg):
@@ -147,7 +146,7 @@ class ConvS2SModel(FairseqEncoderDecoderModel):
         Porting note: stock fairseq-generate and fairseq-interactive read ``--bf16`` only to switch on TPU mode,
         which they do not use, and decode an fconv model in fp32 (``--fp16`` alone casts the model); a convs2s model
         honours ``--bf16``, on the CPU too. The hub interface passes the checkpoint's training settings here, so
-        ``fairseq_convs2s.hub`` sets ``bf16`` to what ``from_pretrained`` was asked (default: fp32)."""
+        ``models/pretrained.py`` sets ``bf16`` to what ``from_pretrained`` was asked (default: fp32)."""
         super().prepare_for_inference_(cfg)
         if getattr(getattr(cfg, "common", None), "bf16", False):
             self.to(torch.bfloat16)
@@ -253,7 +252,7 @@ def _argparse_type(parse, flag):
 
 def _pretrained_embeddings(cfg: ConvS2SConfig, side: str, dictionary) -> Optional[dict]:
     """The vectors of ``--{side}-embed-path`` for a model being trained, or None: without the flag, or for a model
-    built to receive a checkpoint's weights, which replace them (``checkpoint_compat.build_models_to_load``)."""
+    built to receive a checkpoint's weights, which replace them (``compat.checkpoints.build_models_to_load``)."""
     path = getattr(cfg, f"{side}_embed_path")
     if not path or is_building_to_load():
         return None

@@ -1,6 +1,6 @@
 """The ConvS2S encoder (paper 3.2): embeddings, a stack of convolutional blocks, keys and values for attention."""
 
-from typing import Dict, List, NamedTuple, Optional, Tuple
+from typing import List, NamedTuple, Optional, Tuple
 
 import torch
 from fairseq import utils
@@ -9,10 +9,13 @@ from fairseq.models import FairseqEncoder
 from fairseq.modules import GradMultiply
 from torch import Tensor, nn
 
+from convs2s_runtime.products import is_compiling
+
 from ..modules.conv_block import ConvBlock, build_blocks, run_block
 from ..modules.dropout import Dropout
 from ..modules.embedding import LearnedPositionalEmbedding, TokenEmbedding
-from ..modules.weight_norm import WeightNormLinear, is_compiling, linear_std, start_inference_pass
+from ..modules.weight_norm import WeightNormLinear, linear_std
+from .fast_path import InferenceState
 from .layer_spec import ConvLayer
 
 
@@ -28,9 +31,9 @@ class ConvS2SEncoderOut(NamedTuple):
     padding_mask: Optional[Tensor]  # B x S, True at padding; None when the batch has none
     conditional_input_scale: Tensor  # B x 1 x 1: m * sqrt(1/m), m the non-pad source length
     hypotheses_per_source: int = 1
-    # at inference, what the decoder's steps derive from the sources once (each B x ...), filled by the decoder
-    # at its first step and reordered with the rest; None while training
-    step_cache: Optional[Dict[str, Tensor]] = None
+    # at inference, what the decoder's steps derive once for this batch (``fast_path.InferenceState``); None in
+    # training
+    inference_state: Optional[InferenceState] = None
 
 
 class ConvS2SEncoder(FairseqEncoder):
@@ -70,8 +73,6 @@ class ConvS2SEncoder(FairseqEncoder):
 
     def forward(self, src_tokens: Tensor, src_lengths: Optional[Tensor] = None, **unused) -> ConvS2SEncoderOut:
         """src_tokens: B x S (left- or right-padded); src_lengths: B (unused: the padding mask says it)."""
-        if not torch.is_grad_enabled():
-            start_inference_pass()  # fold weight norm afresh for this batch's decoding steps
         padding_mask = src_tokens.eq(self.padding_idx)  # B x S
         # unpadded batches skip the masking; under torch.compile it always runs (masking nothing changes
         # nothing), as a data-dependent branch would split the compiled graph in two
@@ -99,8 +100,8 @@ class ConvS2SEncoder(FairseqEncoder):
             m = torch.full((src_tokens.size(0), 1, 1), float(src_tokens.size(1)), device=z.device, dtype=z.dtype)
         else:
             m = (~padding_mask).sum(dim=1).to(z.dtype).view(-1, 1, 1)  # B x 1 x 1
-        step_cache = None if torch.is_grad_enabled() or is_compiling() else {}
-        return ConvS2SEncoderOut(z, values, padding_mask, m * torch.rsqrt(m), step_cache=step_cache)
+        state = None if torch.is_grad_enabled() or is_compiling() else InferenceState()
+        return ConvS2SEncoderOut(z, values, padding_mask, m * torch.rsqrt(m), inference_state=state)
 
     def reorder_encoder_out(self, encoder_out: ConvS2SEncoderOut, new_order: Tensor) -> ConvS2SEncoderOut:
         """Decoder row i now continues row ``new_order[i]`` (beam search expands, reorders and prunes hypotheses).
@@ -115,14 +116,14 @@ class ConvS2SEncoder(FairseqEncoder):
         sources = new_order // group if group > 1 else new_order  # the source row each new decoder row reads
         new_group = _run_length(sources)
         rows = sources[::new_group] if new_group > 1 else sources  # one per run
-        tensors, cache = encoder_out[:4], encoder_out.step_cache
+        tensors, state = encoder_out[:4], encoder_out.inference_state
         if rows.numel() != encoder_out.keys.size(0) or not torch.equal(
             rows, torch.arange(rows.numel(), device=rows.device)
         ):
             tensors = tuple(t.index_select(0, rows) if t is not None else None for t in tensors)
-            if cache is not None:
-                cache = {name: t.index_select(0, rows) for name, t in cache.items()}
-        return ConvS2SEncoderOut(*tensors, hypotheses_per_source=new_group, step_cache=cache)
+            if state is not None:
+                state = state.select_sources(rows)
+        return ConvS2SEncoderOut(*tensors, hypotheses_per_source=new_group, inference_state=state)
 
     def max_positions(self) -> int:
         return self.embed_positions.max_positions

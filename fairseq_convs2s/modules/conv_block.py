@@ -1,12 +1,13 @@
 """One convolutional block (paper 3.2): dropout, a 1-D convolution to 2d channels, a GLU, a scaled residual."""
 
-import math
 from typing import Callable, List, Optional, Sequence, Tuple
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
+
+from convs2s_runtime.step import add_residual, glu_conv_step
 
 from .dropout import Dropout
 from .weight_norm import WeightNormConvTBC, WeightNormLinear, glu_input_std, linear_std
@@ -53,38 +54,16 @@ class ConvBlock(nn.Module):
         x = self.conv(x.transpose(0, 1), padding=self.padding)  # B x T x C -> T x B x C, conv_tbc's layout
         return F.glu(x, dim=2).transpose(0, 1)  # T x B x 2*out -> T x B x out -> B x T x out
 
-    def glu_conv_step(
-        self, x: Tensor, window: Optional[Tensor], product: Optional[Callable[[Tensor], Tensor]] = None
-    ) -> Tuple[Tensor, Optional[Tensor]]:
+    def glu_conv_step(self, x: Tensor, window: Optional[Tensor]) -> Tuple[Tensor, Optional[Tensor]]:
         """One decoding step of a causal block: x: B x in, the new input; window: the previous k - 1 inputs,
         flattened time-major, B x (k-1)*in (None at the first step, which sees the left zero padding).
+        Returns the GLU output (B x out) and the next window: dropout, then the convolution as one matrix
+        product over the window and the new input (``convs2s_runtime.step.glu_conv_step``)."""
+        return glu_conv_step(self.dropout_module(x), window, self.conv.forward_window, self.kernel_size)
 
-        Returns the GLU output (B x out) and the next window. The conv becomes one matrix product with the
-        kernel flattened to out x (k * in), over the window plus the new input. ``product``, when given, is
-        that product with the weights folded for the pass, and no dropout is active (the decoder's
-        ``FoldedProduct``); otherwise this block's dropout and convolution.
-        """
-        if product is None:
-            x = self.dropout_module(x)
-            product = self.conv.forward_window
-        if self.kernel_size > 1:
-            if window is None:
-                window = x.new_zeros(x.size(0), (self.kernel_size - 1) * x.size(1))
-            x = torch.cat([window, x], dim=1)  # B x k*in
-            window = x[:, x.size(1) // self.kernel_size :]  # drop the oldest input
-        return F.glu(product(x), dim=1), window  # B x out
-
-    def add_residual(
-        self, x: Tensor, outputs: Sequence[Tensor], projection: Optional[Callable[[Tensor], Tensor]] = None
-    ) -> Tensor:
-        """(x + residual) * sqrt(0.5), the residual taken ``self.residual`` outputs back in ``outputs``;
-        ``projection`` stands for ``residual_projection`` (the decoder's folded product for a pass)."""
-        if self.residual == 0:
-            return x
-        residual = outputs[-self.residual]
-        if self.residual_projection is not None:
-            residual = (projection or self.residual_projection)(residual)
-        return (x + residual) * math.sqrt(0.5)
+    def add_residual(self, x: Tensor, outputs: Sequence[Tensor]) -> Tensor:
+        """(x + residual) * sqrt(0.5), the residual taken ``self.residual`` outputs back in ``outputs``."""
+        return add_residual(x, outputs, self.residual, self.residual_projection)
 
 
 def run_block(block_fn: Callable[..., object], *args, checkpointed: bool):

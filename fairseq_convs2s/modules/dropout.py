@@ -16,7 +16,7 @@ import torch
 from fairseq.modules import FairseqDropout
 from torch import Tensor
 
-from .weight_norm import is_compiling
+from convs2s_runtime.products import is_compiling
 
 
 def keep_mask(shape: torch.Size, p: float) -> Tensor:

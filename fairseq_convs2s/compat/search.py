@@ -24,7 +24,7 @@ from fairseq import search
 from fairseq.tasks import FairseqTask
 from torch import Tensor
 
-from .patching import install, is_wrapped
+from fairseq_convs2s_autoload import is_replaced, replace
 
 
 def positions_in_batch(ids_at_start: Tensor, ids: Tensor) -> Tensor:
@@ -38,7 +38,7 @@ def fix_diverse_beam_search() -> None:
     """Wrap ``DiverseBeamSearch.step`` so that it indexes its overlap rows by position in the batch (idempotent)."""
     cls = search.DiverseBeamSearch
     original_step = cls.step
-    if is_wrapped(original_step):
+    if is_replaced(original_step):
         return
     if "original_batch_idxs" not in inspect.signature(original_step).parameters:
         return
@@ -57,14 +57,14 @@ def fix_diverse_beam_search() -> None:
             original_batch_idxs = positions_in_batch(self.ids_at_start, original_batch_idxs)
         return original_step(self, step, lprobs, scores, prev_output_tokens, original_batch_idxs)
 
-    install(cls, "step", step_by_position)
+    replace(cls, "step", step_by_position)
 
 
 def refuse_empty_beams() -> None:
     """Wrap ``FairseqTask.build_generator`` (fairseq-generate, fairseq-interactive, the hub, ``--eval-bleu``) to
     refuse a ``--beam`` or ``--nbest`` below 1 (idempotent)."""
     original_build = FairseqTask.build_generator
-    if is_wrapped(original_build):
+    if is_replaced(original_build):
         return
 
     def build_generator_checked(self, models, args, *rest, **kwargs):
@@ -74,4 +74,4 @@ def refuse_empty_beams() -> None:
                 raise ValueError(f"--{flag} must be at least 1, got {count}")
         return original_build(self, models, args, *rest, **kwargs)
 
-    install(FairseqTask, "build_generator", build_generator_checked)
+    replace(FairseqTask, "build_generator", build_generator_checked)

@@ -10,13 +10,11 @@ And a model built to load a checkpoint reads no pre-trained embedding file (:fun
 
 import argparse
 import contextlib
-import contextvars
-import sys
 
 import torch
 from fairseq import checkpoint_utils
 
-from .patching import install, is_wrapped
+from fairseq_convs2s_autoload import LOADING_CHECKPOINT, mark_checkpoint_loads
 
 # the classes fairseq 0.12 writes into checkpoints besides tensors and builtin containers
 FAIRSEQ_CHECKPOINT_GLOBALS = [argparse.Namespace]
@@ -29,46 +27,32 @@ def allow_fairseq_checkpoints() -> None:
         add_safe_globals(FAIRSEQ_CHECKPOINT_GLOBALS)
 
 
-# True while fairseq builds models only to load a checkpoint's weights into them (see build_models_to_load)
-_BUILDING_TO_LOAD: contextvars.ContextVar = contextvars.ContextVar("convs2s_building_to_load", default=False)
-
-
 @contextlib.contextmanager
 def building_to_load():
     """Inside, a convs2s model is built only to receive a checkpoint's weights: it reads no pre-trained embedding
     file (``--encoder-embed-path``, ``--decoder-embed-path``), whose vectors those weights replace."""
-    token = _BUILDING_TO_LOAD.set(True)
+    token = LOADING_CHECKPOINT.set(True)
     try:
         yield
     finally:
-        _BUILDING_TO_LOAD.reset(token)
+        LOADING_CHECKPOINT.reset(token)
 
 
 def is_building_to_load() -> bool:
-    """Inside :func:`building_to_load`, or inside a checkpoint load that the installed package's start-up hook
-    marked (``fairseq_convs2s_autoload``: it imports this plugin in the middle of that load, when a convs2s
-    checkpoint is read without ``--user-dir``)."""
-    autoload = sys.modules.get("fairseq_convs2s_autoload")
-    loading = getattr(autoload, "LOADING_CHECKPOINT", None)
-    return _BUILDING_TO_LOAD.get() or (loading is not None and loading.get())
+    """Inside :func:`building_to_load` or a call of ``load_model_ensemble_and_task`` (marked by the wrapper that
+    this plugin and the installed package's start-up hook share: ``fairseq_convs2s_autoload``)."""
+    return LOADING_CHECKPOINT.get()
 
 
 def build_models_to_load() -> None:
     """Wrap ``checkpoint_utils.load_model_ensemble_and_task`` (what fairseq-generate, fairseq-interactive,
     fairseq-validate and the hub interface load checkpoints with: it builds each model from the checkpoint's cfg
-    and loads the checkpoint's weights into it) to build inside :func:`building_to_load` (idempotent).
+    and loads the checkpoint's weights into it) so that its models are built inside :func:`building_to_load`
+    (idempotent; the start-up hook installs the same wrapper when it sees fairseq first).
 
     Porting note (fconv): a model trained with ``--encoder-embed-path FILE`` keeps the path in its saved cfg, and
     fconv (as every fairseq model) reads FILE again whenever the checkpoint is loaded, only for the weights to
     overwrite what it read: decoding fails with ``FileNotFoundError`` wherever FILE is not (another machine), and
     re-parses a GloVe-size file at every load where it is. A convs2s model skips the file there; training a fresh
     model (``fairseq-train``, which builds without this wrapper) reads it as before."""
-    load = checkpoint_utils.load_model_ensemble_and_task
-    if is_wrapped(load):
-        return
-
-    def load_model_ensemble_and_task(*args, **kwargs):
-        with building_to_load():
-            return load(*args, **kwargs)
-
-    install(checkpoint_utils, "load_model_ensemble_and_task", load_model_ensemble_and_task)
+    mark_checkpoint_loads(checkpoint_utils)

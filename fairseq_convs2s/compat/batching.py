@@ -21,7 +21,7 @@ import os
 
 from fairseq.data import data_utils, indexed_dataset
 
-from .patching import install, is_wrapped
+from fairseq_convs2s_autoload import is_replaced, replace
 
 logger = logging.getLogger(__name__)
 
@@ -36,7 +36,7 @@ def warn_on_dropped_sentences() -> None:
     """Wrap ``data_utils.batch_by_size`` (what every fairseq dataset batches with) to warn when the batches it
     returns hold fewer sentences than the indices it was given (idempotent)."""
     batch_by_size = data_utils.batch_by_size
-    if is_wrapped(batch_by_size):
+    if is_replaced(batch_by_size):
         return
 
     signature = inspect.signature(batch_by_size)
@@ -61,14 +61,14 @@ def warn_on_dropped_sentences() -> None:
             )
         return batches
 
-    install(data_utils, "batch_by_size", batch_by_size_and_warn)
+    replace(data_utils, "batch_by_size", batch_by_size_and_warn)
 
 
 def refuse_empty_splits() -> None:
     """Wrap ``indexed_dataset.make_dataset`` (what fairseq's tasks load a binarized split with) to raise a
     ``ValueError`` naming an empty memory-mapped ``.bin`` file, where fairseq fails on it unnamed (idempotent)."""
     make_dataset = indexed_dataset.make_dataset
-    if is_wrapped(make_dataset):
+    if is_replaced(make_dataset):
         return
 
     def make_dataset_or_refuse_empty(path, impl, *args, **kwargs):
@@ -81,4 +81,4 @@ def refuse_empty_splits() -> None:
             )
         return make_dataset(path, impl, *args, **kwargs)
 
-    install(indexed_dataset, "make_dataset", make_dataset_or_refuse_empty)
+    replace(indexed_dataset, "make_dataset", make_dataset_or_refuse_empty)

@@ -3,7 +3,7 @@
 fairseq's own ``from_pretrained`` (``fairseq.hub_utils``) resolves a ``hub_models`` name to its archive URL,
 downloads and unpacks it into its cache, and loads ``model.pt`` with whatever model the checkpoint names. The
 published ConvS2S models are fconv checkpoints, so here each checkpoint file is looked at first: an fconv one is
-converted (``convert_fconv``) to ``<name>.convs2s.pt`` beside it, written atomically, and that file is loaded; the
+converted (``fconv_checkpoint``) to ``<name>.convs2s.pt`` beside it, written atomically, and that file is loaded; the
 next load finds the converted file and does not read the original again. A convs2s checkpoint loads as it is.
 """
 
@@ -16,7 +16,7 @@ from fairseq import file_utils, hub_utils
 from fairseq.models import ARCH_MODEL_REGISTRY
 from omegaconf import open_dict
 
-from .convert_fconv import (
+from .fconv_checkpoint import (
     FCONV_ARCHS,
     ConversionError,
     checkpoint_arch,
@@ -24,7 +24,6 @@ from .convert_fconv import (
     read_checkpoint,
     save_atomically,
 )
-from .models.convs2s import ConvS2SModel
 
 logger = logging.getLogger(__name__)
 
@@ -37,7 +36,7 @@ def converted_path(checkpoint_path: str) -> str:
     return root + CONVERTED_SUFFIX
 
 
-def prepare_checkpoint(path: str) -> str:
+def prepare_checkpoint(path: str, model_class) -> str:
     """The file to load for the checkpoint at ``path``: ``path`` itself if it is a convs2s checkpoint; for an fconv
     one its conversion, written now unless an up-to-date one is already there (newer than ``path``, or ``path``
     gone). Anything else raises a ``ValueError`` (a ``ConversionError``) that says what the file is."""
@@ -49,7 +48,7 @@ def prepare_checkpoint(path: str) -> str:
     arch = checkpoint_arch(checkpoint)
     if arch in FCONV_ARCHS:
         logger.info(f"{path} is an fconv checkpoint ({arch}): converting it once to {target}")
-        converted = convert_checkpoint(checkpoint)
+        converted = convert_checkpoint(checkpoint, model_class)
         try:
             save_atomically(converted, target)
         except OSError as e:
@@ -58,7 +57,7 @@ def prepare_checkpoint(path: str) -> str:
                 f"`python -m fairseq_convs2s.convert_fconv {path} OUT.pt` and load OUT.pt"
             ) from None
         return target
-    if ARCH_MODEL_REGISTRY.get(arch) is not ConvS2SModel:
+    if ARCH_MODEL_REGISTRY.get(arch) is not model_class:
         raise ConversionError(f"{path}: a checkpoint of arch {arch!r}, neither convs2s nor fconv")
     return path
 
@@ -109,7 +108,9 @@ def from_pretrained(model_class, model_name_or_path, checkpoint_file="model.pt",
         raise FileNotFoundError(
             f"{model_name_or_path!r} is neither a model directory nor a known name ({', '.join(sorted(archive_map))})"
         )
-    files = [prepare_checkpoint(os.path.join(model_dir, name)) for name in checkpoint_file.split(os.pathsep)]
+    files = [
+        prepare_checkpoint(os.path.join(model_dir, name), model_class) for name in checkpoint_file.split(os.pathsep)
+    ]
     checkpoint_file = os.pathsep.join(os.path.relpath(f, model_dir) for f in files)
     _check_dictionaries(model_dir, data_name_or_path)  # after the checkpoints: what is wrong with them comes first
 

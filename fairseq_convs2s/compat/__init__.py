@@ -1,0 +1,109 @@
+"""Every change the plugin makes to fairseq's own behaviour: one file per fix, listed in one table (:data:`FIXES`),
+installed by one call.
+
+Each fix wraps one fairseq function (``fairseq_convs2s_autoload.replace``: once per process, the original kept as
+``__wrapped__``). :func:`install` runs when the plugin is imported (``--user-dir fairseq_convs2s`` or ``import
+fairseq_convs2s``); the fixes marked ``training`` only in ``python -m fairseq_convs2s.train``'s processes
+(:func:`install_training_fixes`), so that plain ``fairseq-train`` keeps fairseq's training loop as it is.
+``FAIRSEQ_CONVS2S_COMPAT_OFF`` (names from the table, comma-separated) leaves fixes out;
+``FAIRSEQ_CONVS2S_NO_AUTOLOAD=1`` switches off the start-up hook (``fairseq_convs2s_autoload.py``), which loads
+the plugin when fairseq reads a convs2s checkpoint without ``--user-dir``. ``python -m fairseq_convs2s.compat``
+prints the table.
+"""
+
+import os
+from typing import Callable, List, NamedTuple
+
+from . import batching, checkpoints, search, training
+
+
+class Fix(NamedTuple):
+    """One row of the table."""
+
+    name: str  # what FAIRSEQ_CONVS2S_COMPAT_OFF calls it
+    install: Callable[[], None]  # idempotent
+    without_it: str  # what fairseq 0.12 does without it
+    wraps: str  # the fairseq function it wraps
+    training: bool = False  # installed by python -m fairseq_convs2s.train only
+
+
+FIXES: List[Fix] = [
+    Fix(
+        "safe_checkpoints",
+        checkpoints.allow_fairseq_checkpoints,
+        "torch >= 2.6 refuses every fairseq checkpoint (Unsupported global: argparse.Namespace)",
+        "torch.serialization.add_safe_globals (a registration, not a wrapper)",
+    ),
+    Fix(
+        "build_to_load",
+        checkpoints.build_models_to_load,
+        "a model loaded from a checkpoint reads its pre-trained embedding files again, failing where they are gone",
+        "checkpoint_utils.load_model_ensemble_and_task (the same wrapper as the start-up hook's)",
+    ),
+    Fix(
+        "diverse_beam_search",
+        search.fix_diverse_beam_search,
+        "--diverse-beam-groups fails at step 1 of every batch but one (IndexError)",
+        "search.DiverseBeamSearch.step",
+    ),
+    Fix(
+        "refuse_empty_beams",
+        search.refuse_empty_beams,
+        "--beam 0 fails inside decoding; --nbest 0 divides by zero in BLEU",
+        "FairseqTask.build_generator",
+    ),
+    Fix(
+        "dropped_sentences",
+        batching.warn_on_dropped_sentences,
+        "the last batch, when not a multiple of --required-batch-size-multiple, is left out without a word "
+        "(fairseq issue 5036); with no sentence left, a bare IndexError",
+        "data_utils.batch_by_size",
+    ),
+    Fix(
+        "empty_splits",
+        batching.refuse_empty_splits,
+        "an empty binarized split fails in numpy's mmap, naming no file",
+        "indexed_dataset.make_dataset",
+    ),
+    Fix(
+        "skip_nonfinite_updates",
+        training.skip_nonfinite_updates,
+        "a NaN/inf gradient stops a bf16 run; fp16 on a CPU crashes in its skip path",
+        "Trainer.clip_grad_norm, Trainer.train_step",
+        training=True,
+    ),
+    Fix(
+        "atomic_checkpoint_copies",
+        training.copy_checkpoints_atomically,
+        "a kill while copying checkpoint_last.pt leaves it truncated, and the restart fails",
+        "PathManager.copy",
+        training=True,
+    ),
+]
+
+
+def _turned_off() -> set:
+    names = {name.strip() for name in os.environ.get("FAIRSEQ_CONVS2S_COMPAT_OFF", "").split(",") if name.strip()}
+    unknown = names - {fix.name for fix in FIXES}
+    if unknown:
+        raise ValueError(
+            f"FAIRSEQ_CONVS2S_COMPAT_OFF names no fix {sorted(unknown)}: the fixes are "
+            f"{', '.join(fix.name for fix in FIXES)}"
+        )
+    return names
+
+
+def install() -> None:
+    """Install the fixes of the table but the training ones (idempotent); what importing the plugin runs."""
+    off = _turned_off()
+    for fix in FIXES:
+        if not fix.training and fix.name not in off:
+            fix.install()
+
+
+def install_training_fixes() -> None:
+    """Install the training fixes (idempotent); what ``python -m fairseq_convs2s.train`` runs in each process."""
+    off = _turned_off()
+    for fix in FIXES:
+        if fix.training and fix.name not in off:
+            fix.install()

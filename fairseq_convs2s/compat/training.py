@@ -1,0 +1,120 @@
+"""Training under bf16, fp16 on a CPU, and kills during a checkpoint copy: what ``python -m fairseq_convs2s.train``
+installs in every training process (``install_training_fixes``), not the plugin's import: plain ``fairseq-train``
+keeps fairseq's own behaviour.
+
+- A non-finite gradient (NaN or inf loss) under ``--bf16``, or ``--fp16`` on a CPU, skips that update with a
+  warning, as fairseq's fp16 loss scaler does on a GPU, instead of stopping training: stock bf16 has no loss scaler
+  and stops, and stock fp16 on a CPU crashes in its skip path (``torch.tensor(0.0).cuda()``). After
+  ``MAX_CONSECUTIVE_SKIPS`` skipped updates in a row training stops with fairseq's ``FloatingPointError``.
+- The extra copies of a checkpoint (``checkpoint_last.pt`` after ``checkpoint_3_500.pt``, ``checkpoint_best.pt``)
+  are written to a temporary file and renamed, as fairseq already does for the first file; stock fairseq copies
+  in place, so a kill during the copy leaves a truncated ``checkpoint_last.pt`` that the restart then fails to load.
+"""
+
+import logging
+import os
+import shutil
+
+import torch
+
+from fairseq_convs2s_autoload import is_replaced, replace
+
+logger = logging.getLogger("fairseq_convs2s.train")
+
+# a bf16 run has no loss scale to lower: this many non-finite updates in a row means the run has diverged
+MAX_CONSECUTIVE_SKIPS = 10
+
+
+class NonFiniteGradients(Exception):
+    """The gradient norm of an update is NaN or inf; the update is skipped (not an ArithmeticError, so that fairseq's
+    ``except FloatingPointError`` / ``except OverflowError`` handlers in ``Trainer.train_step`` let it through)."""
+
+
+def skip_nonfinite_updates() -> None:
+    """Wrap ``Trainer.clip_grad_norm`` and ``Trainer.train_step`` so that a non-finite gradient skips its update
+    under bf16 (and fp16 on a CPU) instead of stopping training (idempotent)."""
+    from fairseq.trainer import Trainer
+
+    if is_replaced(Trainer.train_step):
+        return
+    replace(Trainer, "clip_grad_norm", _guard_clip_grad_norm(Trainer.clip_grad_norm))
+    replace(Trainer, "train_step", _skip_nonfinite_updates(Trainer.train_step))
+
+
+def copy_checkpoints_atomically() -> None:
+    """Wrap ``PathManager.copy`` so that a checkpoint's extra copies are written whole or not at all (idempotent)."""
+    from fairseq.file_io import PathManager
+
+    if is_replaced(PathManager.copy):
+        return
+    copy = _atomic_copy(PathManager.copy)
+    replace(PathManager, "copy", copy)  # (called on the class, as fairseq calls it)
+
+
+def _guarded(trainer) -> bool:
+    common = trainer.cfg.common
+    return bool(common.bf16 or common.memory_efficient_bf16) or (common.fp16 and trainer.device.type == "cpu")
+
+
+def _guard_clip_grad_norm(clip_grad_norm):
+    def wrapper(self, clip_norm):
+        if not _guarded(self):
+            return clip_grad_norm(self, clip_norm)
+        try:
+            grad_norm = clip_grad_norm(self, clip_norm)
+        except OverflowError as e:  # fp16's loss scaler has lowered its scale; fairseq's handler needs CUDA
+            raise NonFiniteGradients(str(e)) from None
+        if not torch.isfinite(grad_norm).all():  # bf16: no loss scaler looked at the norm
+            raise NonFiniteGradients(f"gradient norm {grad_norm.item()}")
+        return grad_norm
+
+    return wrapper
+
+
+def _skip_nonfinite_updates(train_step):
+    def wrapper(self, samples, raise_oom=False):
+        from fairseq.logging import metrics
+
+        try:
+            result = train_step(self, samples, raise_oom)
+        except NonFiniteGradients as e:
+            self._convs2s_skips = getattr(self, "_convs2s_skips", 0) + 1
+            logger.warning(
+                "non-finite gradients (NaN/inf loss) at update %d: %s; skipped this batch, parameters unchanged "
+                "(%d in a row)",
+                self.get_num_updates() + 1,
+                e,
+                self._convs2s_skips,
+            )
+            self.zero_grad()
+            optimizer = self.optimizer
+            if getattr(optimizer, "scaler", True) is None:
+                # without a loss scaler fairseq's FP16Optimizer resets its gradient multiplier only when it steps:
+                # left as is, it keeps this batch's clip factor, computed from a NaN norm, and every later update
+                # comes out NaN
+                optimizer._multiply_factor = 1.0
+            metrics.log_stop_time("train_wall")
+            if self._convs2s_skips >= MAX_CONSECUTIVE_SKIPS:
+                raise FloatingPointError(
+                    f"{self._convs2s_skips} updates in a row had non-finite gradients: the run has diverged; "
+                    "lower the learning rate or check the data"
+                ) from None
+            return None
+        self._convs2s_skips = 0
+        return result
+
+    return wrapper
+
+
+def _atomic_copy(copy):
+    def wrapper(src_path: str, dst_path: str, overwrite: bool = False) -> bool:
+        from fairseq.file_io import PathManager
+
+        if PathManager.path_requires_pathmanager(dst_path) or not overwrite and os.path.exists(dst_path):
+            return copy(src_path, dst_path, overwrite=overwrite)
+        tmp = dst_path + ".tmp"
+        shutil.copyfile(src_path, tmp)
+        os.replace(tmp, dst_path)  # the old file stays whole until the new one is
+        return True
+
+    return wrapper
