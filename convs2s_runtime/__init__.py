@@ -1,10 +1,18 @@
-"""The torch-only core of ConvS2S inference: the products, the attention and the decoding step of the fast path.
+"""Serve ConvS2S without fairseq: ``Translator(model_dir).translate_batch(sources)``, and the torch-only core of
+ConvS2S inference that the plugin's fast path runs on.
 
-The plugin (``fairseq_convs2s``) decodes through these files, and a translator that runs without fairseq builds on
-them: nothing here imports fairseq or the plugin (``tests/test_runtime_imports.py`` holds it to that).
+A model folder comes from ``python -m fairseq_convs2s.export CHECKPOINT OUT_DIR``; ``python -m convs2s_runtime
+MODEL_DIR`` translates stdin. Nothing here imports fairseq or the plugin (``tests/test_layout.py``,
+``tests/test_runtime.py``).
 
 - ``products.py``: ``x W^T + b`` at inference, through oneDNN with the weight packed once, or MKL;
 - ``attention.py``: multi-step attention, the paper's form and the step's form with W_d and W_c moved to the
   sources;
-- ``step.py``: one step of incremental decoding on folded weights.
+- ``step.py``: one step of incremental decoding on folded weights (the plugin's fast path);
+- ``model.py``: an exported folder's network, the encoder and the steps; ``search.py``: beam search as fairseq's;
+- ``translator.py``: the API, after CTranslate2's.
 """
+
+from .translator import TranslationHypothesis, TranslationResult, Translator
+
+__all__ = ["Translator", "TranslationResult", "TranslationHypothesis"]

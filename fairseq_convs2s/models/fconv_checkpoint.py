@@ -88,7 +88,9 @@ def convert_args(model_args: Namespace, state: Dict[str, Tensor]) -> Namespace:
     return args
 
 
-def _model_args(checkpoint: dict) -> Tuple[Namespace, str]:
+def model_args_of(checkpoint: dict) -> Tuple[Namespace, str]:
+    """The model args of a fairseq checkpoint and where they are: ``cfg.model`` ("cfg"), or before fairseq 0.10
+    ``args`` ("args")."""
     cfg = checkpoint.get("cfg")
     if cfg is not None and cfg.get("model") is not None:
         return cfg["model"], "cfg"
@@ -101,7 +103,7 @@ def checkpoint_arch(checkpoint: dict) -> str:
     """The ``--arch`` a loaded fairseq checkpoint was trained with (``cfg.model`` or, before fairseq 0.10, ``args``)."""
     if not isinstance(checkpoint, dict) or "model" not in checkpoint:
         raise ConversionError("not a fairseq checkpoint: no 'model' entry")
-    model_args, _ = _model_args(checkpoint)
+    model_args, _ = model_args_of(checkpoint)
     if isinstance(model_args, dict):  # dataclass models store their config as a plain dict
         return model_args.get("arch") or model_args.get("_name")
     return getattr(model_args, "arch", None) or getattr(model_args, "_name", None)
@@ -111,7 +113,7 @@ def convert_checkpoint(checkpoint: dict, model_class) -> dict:
     """Convert a loaded fairseq checkpoint dict (fconv) into a convs2s checkpoint dict, checked by loading it into
     a ``model_class`` (``ConvS2SModel``) built from the converted args."""
     arch = checkpoint_arch(checkpoint)
-    model_args, where = _model_args(checkpoint)
+    model_args, where = model_args_of(checkpoint)
     if arch not in FCONV_ARCHS:
         raise ConversionError(f"not an fconv translation model: its arch is {arch!r} (expected one of {FCONV_ARCHS})")
     state = convert_state_dict(checkpoint["model"])
@@ -169,7 +171,8 @@ def read_checkpoint(path: str, mmap: bool = False) -> dict:
     except FileNotFoundError:
         raise ConversionError(f"{path}: no such file") from None
     except Exception as e:  # truncated or not a torch file
-        raise ConversionError(f"{path}: cannot be read as a torch checkpoint ({type(e).__name__}: {e})") from None
+        reason = str(e).strip().split("\n")[0]  # (torch's weights_only refusal goes on for lines)
+        raise ConversionError(f"{path}: cannot be read as a torch checkpoint ({type(e).__name__}: {reason})") from None
 
 
 def save_atomically(checkpoint: dict, out_path: str) -> None:

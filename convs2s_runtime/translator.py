@@ -1,0 +1,147 @@
+"""Translate with an exported model folder, without fairseq: the API follows CTranslate2's.
+
+    translator = Translator("model_dir")                       # device="cpu", compute_type="float32", threads=None
+    results = translator.translate_batch(["ein Satz .", ...])   # beam_size=5, max_len_b=200, length_penalty=1.0
+    results[0].hypotheses[0].text, .tokens, .score
+
+A source is a string: sentencepiece applied when the folder has a model, else whitespace-separated dictionary
+tokens (fairseq-interactive's input). The hypotheses are fairseq-generate's for the same checkpoint (beam search as
+fairseq's, ``search.py``); ``score`` is fairseq's: natural log, normalized by length ** length_penalty.
+"""
+
+import logging
+from pathlib import Path
+from typing import List, NamedTuple, Optional, Sequence
+
+import torch
+
+from .model import SENTENCEPIECE, Model, ModelDirError, read_config, read_vocabulary
+from .search import beam_search
+
+logger = logging.getLogger("convs2s_runtime")
+
+COMPUTE_TYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+
+
+class TranslationHypothesis(NamedTuple):
+    """One translation: ``tokens`` (target dictionary symbols, EOS left out), ``text`` (sentencepiece decoded, or
+    the tokens joined by spaces), ``score`` (fairseq's), ``attention`` when asked: one row per target token and the
+    final EOS, one column per source token and its EOS."""
+
+    tokens: List[str]
+    text: str
+    score: float
+    attention: Optional[List[List[float]]] = None
+
+
+class TranslationResult(NamedTuple):
+    """The hypotheses of one source, best first."""
+
+    hypotheses: List[TranslationHypothesis]
+
+
+class Translator:
+    """An exported ConvS2S model, ready to translate (``python -m fairseq_convs2s.export`` writes the folder).
+
+    ``compute_type="bfloat16"`` decodes in bf16 where the device supports it (on a CPU: AVX512-BF16 or AMX; else
+    fp32, with a warning); log-probabilities and scores stay fp32. ``threads`` sets torch's intra-op threads.
+    """
+
+    def __init__(self, model_dir, device: str = "cpu", compute_type: str = "float32", threads: Optional[int] = None):
+        if compute_type not in COMPUTE_TYPES:
+            raise ValueError(f"compute_type must be one of {sorted(COMPUTE_TYPES)}, got {compute_type!r}")
+        if threads:
+            torch.set_num_threads(threads)
+        model_dir = Path(model_dir)
+        if not model_dir.is_dir():
+            raise ModelDirError(f"{model_dir}: no such folder")
+        dtype = COMPUTE_TYPES[compute_type]
+        if dtype == torch.bfloat16 and device == "cpu" and not torch.ops.mkldnn._is_mkldnn_bf16_supported():
+            logger.warning("this CPU has no bf16 instructions: decoding in float32")
+            dtype = torch.float32
+        self.compute_type = "bfloat16" if dtype == torch.bfloat16 else "float32"
+        config = read_config(model_dir)
+        self.source_vocabulary = read_vocabulary(model_dir, "source")
+        self.target_vocabulary = read_vocabulary(model_dir, "target")
+        self._source_index = {symbol: i for i, symbol in enumerate(self.source_vocabulary)}
+        self.model = Model.load(model_dir, dtype, device)
+        for side, vocabulary, rows in (
+            ("source", self.source_vocabulary, self.model.src_embed.size(0)),
+            ("target", self.target_vocabulary, self.model.vocab_size),
+        ):
+            if len(vocabulary) != rows:
+                raise ModelDirError(
+                    f"{model_dir}: the {side} vocabulary has {len(vocabulary)} symbols, the model {rows}"
+                )
+        self.unk, self.eos, self.pad = config["unk"], config["eos"], config["pad"]
+        self.device = torch.device(device)
+        self._sentencepiece = None
+        if (model_dir / SENTENCEPIECE).is_file():
+            import sentencepiece
+
+            self._sentencepiece = sentencepiece.SentencePieceProcessor(model_file=str(model_dir / SENTENCEPIECE))
+
+    def source_ids(self, source: str) -> List[int]:
+        """The dictionary ids of a source (its pieces, or whitespace-separated tokens) and EOS, cut to the model's
+        source positions with a warning."""
+        pieces = self._sentencepiece.encode(source, out_type=str) if self._sentencepiece else source.split()
+        ids = [self._source_index.get(piece, self.unk) for piece in pieces] + [self.eos]
+        limit = self.model.max_source_positions
+        if len(ids) > limit:
+            logger.warning(f"a source of {len(ids)} tokens (EOS included) cut to the model's {limit} positions")
+            ids = ids[: limit - 1] + [self.eos]
+        return ids
+
+    def translate_batch(
+        self,
+        sources: Sequence[str],
+        beam_size: int = 5,
+        max_len_a: float = 0.0,
+        max_len_b: int = 200,
+        length_penalty: float = 1.0,
+        nbest: int = 1,
+        return_attention: bool = False,
+        max_batch_size: int = 0,
+    ) -> List[TranslationResult]:
+        """One result per source, in order. The sources are decoded in batches of similar length (all at once with
+        ``max_batch_size`` 0); each hypothesis is at most ``max_len_a * source length + max_len_b`` tokens (and
+        the model's target positions) long."""
+        if beam_size < 1 or nbest < 1 or nbest > beam_size:
+            raise ValueError(f"need 1 <= nbest ({nbest}) <= beam_size ({beam_size})")
+        ids = [self.source_ids(source) for source in sources]
+        order = sorted(range(len(ids)), key=lambda i: -len(ids[i]))
+        size = max_batch_size if max_batch_size > 0 else max(len(ids), 1)
+        results: List[Optional[TranslationResult]] = [None] * len(ids)
+        with torch.inference_mode():
+            for start in range(0, len(order), size):
+                batch = order[start : start + size]
+                settings = (beam_size, max_len_a, max_len_b, length_penalty, nbest, return_attention)
+                for i, result in zip(batch, self._translate([ids[i] for i in batch], *settings)):
+                    results[i] = result
+        return results
+
+    def _translate(self, batch, beam_size, max_len_a, max_len_b, length_penalty, nbest, return_attention):
+        width = max(len(ids) for ids in batch)
+        src = torch.full((len(batch), width), self.pad, dtype=torch.long)
+        for row, ids in enumerate(batch):
+            src[row, width - len(ids) :] = torch.tensor(ids)  # left-padded, as fairseq's sources
+        limit = self.model.max_target_positions - 1
+        max_len = torch.tensor([min(int(max_len_a * len(ids) + max_len_b), limit) for ids in batch])
+        found = beam_search(
+            self.model, src.to(self.device), max_len, beam_size, length_penalty, need_attn=return_attention
+        )
+        results = []
+        for ids, hypotheses in zip(batch, found):
+            results.append(TranslationResult([self._hypothesis(h, len(ids)) for h in hypotheses[:nbest]]))
+        return results
+
+    def _hypothesis(self, hypothesis, source_length: int) -> TranslationHypothesis:
+        tokens = [self.target_vocabulary[t] for t in hypothesis.tokens[:-1]]  # (the final EOS left out)
+        if self._sentencepiece:
+            text = "".join(tokens).replace("\u2581", " ").strip()  # fairseq's --bpe sentencepiece decoding
+        else:
+            text = " ".join(tokens)
+        attention = None
+        if hypothesis.attention is not None:
+            attention = hypothesis.attention[:, -source_length:].tolist()  # the source's own positions (left-padded)
+        return TranslationHypothesis(tokens, text, hypothesis.score, attention)

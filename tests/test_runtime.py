@@ -1,0 +1,234 @@
+"""The fairseq-free runtime (``convs2s_runtime``) and its export (``python -m fairseq_convs2s.export``): the same
+hypotheses and scores as fairseq's beam search for a convs2s and a converted fconv model, and as fairseq-generate
+for a trained one; no fairseq import; every input line answered; bad input named in one line."""
+
+import argparse
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from cli_helpers import (
+    EVAL_FLAGS,
+    REPO_ROOT,
+    check_ok,
+    generate,
+    hypothesis_lines,
+    make_splits,
+    preprocess,
+    split_hypothesis,
+    train,
+)
+from fairseq.models import ARCH_CONFIG_REGISTRY
+from fconv_helpers import fairseq_checkpoint, train_fconv
+from utils import beam_search, build_model, make_dictionary, random_batch, seed_all, shrink_spec
+
+from convs2s_runtime import Translator
+from fairseq_convs2s.export import export
+from fairseq_convs2s.export import main as export_main
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _score_close(a: float, b: float) -> bool:
+    """Scores agree to 1e-4 (relative where they are large: a sum of many log-probabilities)."""
+    return abs(a - b) <= 1e-4 * max(1.0, abs(a))
+
+
+def _data_dir(folder: Path, dictionary) -> Path:
+    data = folder / "data"
+    data.mkdir(parents=True, exist_ok=True)
+    dictionary.save(str(data / "dict.src.txt"))
+    dictionary.save(str(data / "dict.tgt.txt"))
+    return data
+
+
+def _convs2s_checkpoint(folder: Path, arch: str, dictionary) -> Path:
+    """A tiny convs2s model of ``arch`` saved as fairseq saves it (``args``, the data folder named)."""
+    args = argparse.Namespace(arch=arch, dropout=0.0)
+    ARCH_CONFIG_REGISTRY[arch](args)
+    for side in ("encoder", "decoder"):
+        setattr(args, f"{side}_layers", shrink_spec(getattr(args, f"{side}_layers")))
+        setattr(args, f"{side}_embed_dim", 12)
+    args.decoder_out_embed_dim = 10
+    seed_all(0)
+    model = build_model(arch, dictionary=dictionary, dropout=0.0)
+    args.data, args.source_lang, args.target_lang = str(_data_dir(folder, dictionary)), "src", "tgt"
+    path = folder / "checkpoint.pt"
+    torch.save({"args": args, "model": model.state_dict()}, path)
+    return path
+
+
+def _sources(dictionary, src):
+    return [
+        " ".join(dictionary[t] for t in row if t not in (dictionary.pad(), dictionary.eos())) for row in src.tolist()
+    ]
+
+
+def _assert_same_beams(results, expected, dictionary):
+    for result, beam in zip(results, expected):
+        assert len(result.hypotheses) == len(beam)
+        for hypothesis, (tokens, score, _) in zip(result.hypotheses, beam):
+            assert hypothesis.tokens == [dictionary[t] for t in tokens[:-1]]
+            assert _score_close(hypothesis.score, score), (hypothesis.score, score)
+
+
+@pytest.mark.parametrize("arch", ["convs2s_iwslt_de_en", "convs2s_wmt_en_de"])
+def test_the_runtime_finds_fairseqs_hypotheses(arch, tmp_path):
+    """Every one of the 5 best hypotheses of fairseq's beam search (the plugin's model, as fairseq-generate runs
+    it), token for token, its score to 1e-4: mixed widths, kernel-1 blocks, sentences finishing at other steps."""
+    d = make_dictionary(25)
+    checkpoint = _convs2s_checkpoint(tmp_path, arch, d)
+    export(checkpoint, tmp_path / "model")
+    model = build_model(arch, dictionary=d, dropout=0.0).eval()
+    model.load_state_dict(torch.load(checkpoint, weights_only=False)["model"])
+    model.make_generation_fast_()
+    src = random_batch(d, [9, 5, 7, 3, 6, 8], seed=7)
+    expected = beam_search([model], d, src, max_len_b=12)
+    results = Translator(tmp_path / "model").translate_batch(_sources(d, src), max_len_b=12, nbest=5)
+    _assert_same_beams(results, expected, d)
+    one_at_a_time = Translator(tmp_path / "model").translate_batch(_sources(d, src), max_len_b=12, max_batch_size=1)
+    assert [r.hypotheses[0].tokens for r in one_at_a_time] == [r.hypotheses[0].tokens for r in results]
+
+
+def test_an_fconv_checkpoint_exports_and_decodes_as_fconv(tmp_path):
+    """A stock fairseq fconv checkpoint, converted on export: the runtime finds fconv's own beams."""
+    d = make_dictionary(25)
+    fconv, args = train_fconv(d)
+    args.data, args.source_lang, args.target_lang = str(_data_dir(tmp_path, d)), "src", "tgt"
+    checkpoint = fairseq_checkpoint(fconv, args)
+    checkpoint["cfg"]["task"] = {"_name": "translation", "data": args.data, "source_lang": "src", "target_lang": "tgt"}
+    torch.save(checkpoint, tmp_path / "fconv.pt")
+    export(tmp_path / "fconv.pt", tmp_path / "model")
+    src = random_batch(d, [9, 5, 7, 3], seed=5)
+    fconv.make_generation_fast_()
+    expected = beam_search([fconv], d, src, max_len_b=10)
+    results = Translator(tmp_path / "model").translate_batch(_sources(d, src), max_len_b=10, nbest=5)
+    _assert_same_beams(results, expected, d)
+
+
+def test_translating_imports_no_fairseq(tmp_path):
+    """A process in which importing fairseq fails loads the folder and translates."""
+    d = make_dictionary(25)
+    export(_convs2s_checkpoint(tmp_path, "convs2s_iwslt_de_en", d), tmp_path / "model")
+    code = f"""
+import sys
+class Block:
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in ("fairseq", "fairseq_convs2s"):
+            raise ImportError("blocked: " + name)
+sys.meta_path.insert(0, Block())
+from convs2s_runtime import Translator
+result = Translator({str(tmp_path / "model")!r}).translate_batch(["w1 w2 w3", "w4"])
+print(len(result), all(r.hypotheses[0].tokens for r in result))
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip() == "2 True"
+
+
+def test_the_command_line_answers_every_line_in_order(tmp_path):
+    """Empty lines give empty lines, a line longer than the position table is cut with a warning, and the
+    translations come back in input order, whatever the batching."""
+    d = make_dictionary(25)
+    export(_convs2s_checkpoint(tmp_path, "convs2s_iwslt_de_en", d), tmp_path / "model")
+    max_positions = json.loads((tmp_path / "model" / "config.json").read_text())["encoder"]["max_positions"]
+    lines = ["w1 w2 w3", "", "w4 w5", " ".join(["w6"] * (max_positions + 5)), "w7", "", "w8 w9 w10 w11"]
+    translator = Translator(tmp_path / "model")
+    expected = [r.hypotheses[0].text for r in translator.translate_batch([line for line in lines if line])]
+    cmd = [sys.executable, "-m", "convs2s_runtime", str(tmp_path / "model"), "--batch-size", "3"]
+    proc = subprocess.run(cmd, input="\n".join(lines) + "\n", capture_output=True, text=True, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    out = proc.stdout.split("\n")[:-1]
+    assert len(out) == len(lines)
+    assert [o for o, line in zip(out, lines) if not line] == ["", ""]
+    assert [o for o, line in zip(out, lines) if line] == expected
+    assert f"cut to the model's {max_positions} positions" in proc.stderr
+
+
+def test_hypotheses_carry_attention_over_the_source(tmp_path):
+    d = make_dictionary(25)
+    export(_convs2s_checkpoint(tmp_path, "convs2s_iwslt_de_en", d), tmp_path / "model")
+    (result,) = Translator(tmp_path / "model").translate_batch(["w1 w2 w3"], return_attention=True, nbest=2)
+    for hypothesis in result.hypotheses:
+        attention = torch.tensor(hypothesis.attention)
+        assert attention.shape == (len(hypothesis.tokens) + 1, 4)  # target tokens and EOS x source tokens and EOS
+        torch.testing.assert_close(attention.sum(1), torch.ones(len(attention)))
+
+
+@pytest.mark.skipif(not torch.ops.mkldnn._is_mkldnn_bf16_supported(), reason="this CPU has no bf16 instructions")
+def test_bf16_decodes_close_to_fp32(tmp_path):
+    d = make_dictionary(25)
+    export(_convs2s_checkpoint(tmp_path, "convs2s_iwslt_de_en", d), tmp_path / "model")
+    sources = _sources(d, random_batch(d, [9, 5, 7, 3, 6, 8], seed=7))
+    fp32 = Translator(tmp_path / "model").translate_batch(sources)
+    bf16 = Translator(tmp_path / "model", compute_type="bfloat16")
+    assert bf16.compute_type == "bfloat16" and bf16.model.step_weights.blocks[0].conv.bias.dtype == torch.bfloat16
+    for a, b in zip(fp32, bf16.translate_batch(sources)):
+        assert math.isfinite(b.hypotheses[0].score) and abs(a.hypotheses[0].score - b.hypotheses[0].score) < 0.1
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    """A small model trained by fairseq-train on the toy corpus, and fairseq-generate's output on its test set."""
+    folder = tmp_path_factory.mktemp("runtime")
+    make_splits(folder, {"train": 1000, "valid": 50, "test": 41})
+    preprocess(folder, "bin", trainpref="train", validpref="valid", testpref="test")
+    train(folder, "bin", "ckpt", "--max-epoch", "4")
+    generated = generate(folder, "bin", "ckpt/checkpoint_last.pt")
+    return folder, hypothesis_lines(generated.stdout)
+
+
+def test_the_command_line_equals_fairseq_generate(trained):
+    """Exported by the command line, translated by ``python -m convs2s_runtime``: fairseq-generate's best
+    hypothesis for every test sentence; the API's score is fairseq's (it prints log base 2) to 1e-4."""
+    folder, lines = trained
+    check_ok(subprocess.run(
+        [sys.executable, "-m", "fairseq_convs2s.export", "ckpt/checkpoint_last.pt", "model"],
+        cwd=folder, capture_output=True, text=True,
+    ))  # fmt: skip
+    sources = [lines["S"][i] for i in sorted(lines["S"])]
+    proc = subprocess.run([sys.executable, "-m", "convs2s_runtime", "model"], input="\n".join(sources) + "\n",
+                          capture_output=True, text=True, cwd=folder, env={"PYTHONPATH": str(REPO_ROOT)})  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.split("\n")[:-1] == [" ".join(split_hypothesis(lines["H"][i])[1]) for i in sorted(lines["S"])]
+    results = Translator(folder / "model").translate_batch(sources)
+    for i, result in zip(sorted(lines["S"]), results):
+        assert _score_close(result.hypotheses[0].score / math.log(2), split_hypothesis(lines["H"][i])[0])
+    assert len(sources) == 41 and EVAL_FLAGS  # (fairseq-generate kept every sentence: see EVAL_FLAGS)
+
+
+def test_bad_input_is_one_line_and_writes_nothing(tmp_path, capsys):
+    d = make_dictionary(25)
+    checkpoint = _convs2s_checkpoint(tmp_path, "convs2s_iwslt_de_en", d)
+    text = tmp_path / "notes.txt"
+    text.write_text("not a checkpoint\n")
+    other = tmp_path / "other.pt"
+    torch.save({"args": argparse.Namespace(arch="transformer"), "model": {}}, other)
+    big = make_dictionary(33)
+    wrong = tmp_path / "wrong"
+    wrong.mkdir()
+    big.save(str(wrong / "dict.src.txt"))
+    big.save(str(wrong / "dict.tgt.txt"))
+    taken = tmp_path / "taken"
+    taken.mkdir()
+    (taken / "mine.txt").write_text("keep me")
+    cases = [
+        ([str(text), str(tmp_path / "a")], "cannot be read as a torch checkpoint"),
+        ([str(other), str(tmp_path / "b")], "arch 'transformer'"),
+        ([str(checkpoint), str(tmp_path / "c"), "--data", str(wrong)], "dictionary mismatch"),
+        ([str(checkpoint), str(taken)], "not an earlier export"),
+        ([str(checkpoint), str(tmp_path / "d"), "--data", str(tmp_path / "nowhere")], "--data"),
+    ]
+    before = sorted(p.name for p in tmp_path.iterdir())
+    for argv, message in cases:
+        assert export_main(argv) == 1
+        err = capsys.readouterr().err
+        assert err.startswith("export: error: ") and message in err and err.count("\n") == 1, err
+    assert sorted(p.name for p in tmp_path.iterdir()) == before  # nothing half-written
+    assert (taken / "mine.txt").read_text() == "keep me"
+    assert export_main([str(checkpoint), str(tmp_path / "model")]) == 0
+    assert export_main([str(checkpoint), str(tmp_path / "model")]) == 0  # an earlier export is replaced
