@@ -30,7 +30,7 @@ def check_output_path(in_path: str, out_path: str) -> None:
 def convert_file(in_path: str, out_path: str) -> None:
     """Read ``in_path``, convert, write ``out_path`` atomically (a temporary file renamed when complete)."""
     check_output_path(in_path, out_path)
-    checkpoint = convert_checkpoint(read_checkpoint(in_path), ConvS2SModel)
+    checkpoint = convert_checkpoint(read_checkpoint(in_path), ConvS2SModel)  # (a broken file named in one line)
     try:
         save_atomically(checkpoint, out_path)
     except OSError as e:  # a directory without write permission, a full disk

@@ -6,6 +6,7 @@ the mirrored source position, so a high BLEU is out of reach for an untrained or
 """
 
 import math
+import os
 import random
 import re
 import subprocess
@@ -70,10 +71,14 @@ def make_splits(folder: Path, sizes: Dict[str, int], seed: int = 1) -> None:
         write_corpus(folder, split, [random_sentence(rng) for _ in range(n)])
 
 
-def run_cli(tool: str, args: Sequence[str], cwd: Path, stdin: Optional[str] = None, timeout: float = 300):
-    """Run ``python -m fairseq_cli.<tool> args`` (the console script ``fairseq-<tool>``) and capture its output."""
+def run_cli(
+    tool: str, args: Sequence[str], cwd: Path, stdin: Optional[str] = None, timeout: float = 300, env: Dict = None
+):
+    """Run ``python -m fairseq_cli.<tool> args`` (the console script ``fairseq-<tool>``) and capture its output;
+    ``env``: variables to set on top of this process's."""
     cmd = [sys.executable, "-m", f"fairseq_cli.{tool}", *map(str, args)]
-    return subprocess.run(cmd, cwd=cwd, input=stdin, capture_output=True, text=True, timeout=timeout)
+    env = {**os.environ, **env} if env else None
+    return subprocess.run(cmd, cwd=cwd, input=stdin, capture_output=True, text=True, timeout=timeout, env=env)
 
 
 def tail(proc: subprocess.CompletedProcess, n: int = 3000) -> str:
@@ -93,9 +98,9 @@ def preprocess(folder: Path, destdir: str = "bin", *extra: str, **prefixes: str)
     return check_ok(run_cli("preprocess", args, cwd=folder))
 
 
-def train(folder: Path, data: str, save_dir: str, *extra: str) -> subprocess.CompletedProcess:
-    """``fairseq-train`` of the small model on CPU; ``extra`` flags come last, so they win."""
-    args = [
+def train_args(data: str, save_dir: str, *extra: str) -> List:
+    """The arguments of ``fairseq-train`` of the small model on CPU; ``extra`` flags come last, so they win."""
+    return [
         data,
         "--user-dir", PLUGIN_DIR,
         *MODEL_FLAGS,
@@ -108,7 +113,11 @@ def train(folder: Path, data: str, save_dir: str, *extra: str) -> subprocess.Com
         "--log-interval", "1000",
         *extra,
     ]  # fmt: skip
-    return check_ok(run_cli("train", args, cwd=folder, timeout=600))
+
+
+def train(folder: Path, data: str, save_dir: str, *extra: str) -> subprocess.CompletedProcess:
+    """``fairseq-train`` of the small model on CPU (:func:`train_args`), checked."""
+    return check_ok(run_cli("train", train_args(data, save_dir, *extra), cwd=folder, timeout=600))
 
 
 def generate(folder: Path, data: str, checkpoint: str, *extra: str, check: bool = True):

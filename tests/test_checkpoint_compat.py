@@ -19,6 +19,18 @@ def test_namespace_in_checkpoint_loads(tmp_path):
     assert state["args"].arch == "convs2s" and state["model"]["w"].sum() == 2
 
 
+def test_the_numpy_meters_of_an_eval_bleu_run_load(tmp_path):
+    """fairseq-train --eval-bleu saves its BLEU counts as numpy arrays and scalars in extra_state["metrics"]."""
+    import numpy as np
+
+    path = tmp_path / "ckpt.pt"
+    meters = {"_bleu_counts": np.array([5, 3, 2, 1]), "_bleu_sys_len": np.int64(17), "ratio": np.array([0.5, 0.25])}
+    torch.save({"args": argparse.Namespace(arch="convs2s"), "extra_state": {"metrics": meters}}, path)
+    loaded = torch.load(path, map_location="cpu")["extra_state"]["metrics"]
+    assert loaded["_bleu_counts"].tolist() == [5, 3, 2, 1] and int(loaded["_bleu_sys_len"]) == 17
+    assert loaded["ratio"].dtype == np.float64
+
+
 class NotAllowed:
     pass
 

@@ -391,8 +391,9 @@ def test_generate_rejects_too_long_sources_unless_told_to_skip(short_model):
 
 def test_interactive_too_long_source(short_model):
     """fairseq-interactive answers the lines before a too-long one, then stops with fairseq's max_positions error
-    (exit 1, no torch frames); with --skip-invalid-size-inputs-valid-test it skips that line (no S-/H- output for
-    its id) and answers the others."""
+    (exit 1, no torch frames); with --skip-invalid-size-inputs-valid-test it answers that line with an empty
+    hypothesis and a W- line saying why (the plugin; fairseq alone prints nothing for it) and translates the others
+    (tests/test_every_sentence.py has the details)."""
     folder, ckpt = short_model.folder, short_model.checkpoint
     inputs = [" ".join(s) for s in short_model.sentences[:3]]  # 5, 25, 7 words
 
@@ -404,7 +405,8 @@ def test_interactive_too_long_source(short_model):
 
     proc = check_ok(_interactive(folder, ckpt, inputs, "--skip-invalid-size-inputs-valid-test"))
     lines = hypothesis_lines(proc.stdout)
-    assert set(lines["H"]) == set(lines["S"]) == {0, 2}, tail(proc)
+    assert set(lines["H"]) == set(lines["S"]) == {0, 1, 2}, tail(proc)
+    assert lines["H"][1] == "-inf\t" and "W-1\tskipped: 26 source tokens" in proc.stdout, tail(proc)
 
 
 # ---- loading the plugin ----------------------------------------------------------------------------------------

@@ -217,7 +217,7 @@ def test_bad_input_is_one_line_and_writes_nothing(tmp_path, capsys):
     taken.mkdir()
     (taken / "mine.txt").write_text("keep me")
     cases = [
-        ([str(text), str(tmp_path / "a")], "cannot be read as a torch checkpoint"),
+        ([str(text), str(tmp_path / "a")], "is not a torch checkpoint"),
         ([str(other), str(tmp_path / "b")], "arch 'transformer'"),
         ([str(checkpoint), str(tmp_path / "c"), "--data", str(wrong)], "dictionary mismatch"),
         ([str(checkpoint), str(taken)], "not an earlier export"),

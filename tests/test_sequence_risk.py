@@ -592,8 +592,11 @@ def test_two_processes_equal_one_process_with_update_freq_two(finetuned):
     assert [r["num_updates"] for r in two_records] == ["1", "2"], logs
     assert [r["num_updates"] for r in one_records] == ["1", "2"], finetuned.log[-3000:]
     for a, b in zip(two_records, one_records):
-        for key in ("loss", "token_loss", "risk", "top_cost", "bsz", "wpb"):
+        for key in ("bsz", "wpb"):
             assert a[key] == b[key], (key, a, b)
+        # logged to 3 decimals: values 1e-7 apart (another order of adding) can round one unit apart
+        for key in ("loss", "token_loss", "risk", "top_cost"):
+            assert float(a[key]) == pytest.approx(float(b[key]), abs=1.001e-3), (key, a, b)
     two, one = load_checkpoint(folder / "two/checkpoint_last.pt"), load_checkpoint(folder / "one/checkpoint_last.pt")
     moved = max_param_difference(two, load_checkpoint(folder / "token/checkpoint_last.pt"))
     differ = max_param_difference(two, one)

@@ -110,3 +110,12 @@ def beam_search(models, dictionary: Dictionary, src: torch.Tensor, ids: Optional
 def seed_all(seed: int = 0) -> None:
     random.seed(seed)
     torch.manual_seed(seed)
+
+
+def assert_close_to_scale(actual: torch.Tensor, expected: torch.Tensor, rel: float = 1e-5, msg=None) -> None:
+    """``torch.testing.assert_close`` with tolerances that follow the size of what is compared: float rounding grows
+    with the magnitude of the values a result is summed from, so each element may differ by ``rel`` times the
+    largest magnitude in ``expected`` (and by ``rel`` of its own). A fixed absolute tolerance is too loose for small
+    values and, for values that grow (weights scaled up, sums over a longer input), fails at random."""
+    scale = expected.detach().abs().max().item()
+    torch.testing.assert_close(actual, expected, rtol=rel, atol=rel * scale, msg=msg)

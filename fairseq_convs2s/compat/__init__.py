@@ -14,7 +14,7 @@ prints the table.
 import os
 from typing import Callable, List, NamedTuple
 
-from . import batching, checkpoints, search, training
+from . import batching, broken_checkpoints, checkpoints, interactive, search, training
 
 
 class Fix(NamedTuple):
@@ -31,7 +31,8 @@ FIXES: List[Fix] = [
     Fix(
         "safe_checkpoints",
         checkpoints.allow_fairseq_checkpoints,
-        "torch >= 2.6 refuses every fairseq checkpoint (Unsupported global: argparse.Namespace)",
+        "torch >= 2.6 refuses every fairseq checkpoint (Unsupported global: argparse.Namespace), and the numpy "
+        "arrays of a --eval-bleu run's meters",
         "torch.serialization.add_safe_globals (a registration, not a wrapper)",
     ),
     Fix(
@@ -39,6 +40,13 @@ FIXES: List[Fix] = [
         checkpoints.build_models_to_load,
         "a model loaded from a checkpoint reads its pre-trained embedding files again, failing where they are gone",
         "checkpoint_utils.load_model_ensemble_and_task (the same wrapper as the start-up hook's)",
+    ),
+    Fix(
+        "broken_checkpoints",
+        broken_checkpoints.name_broken_checkpoints,
+        "a truncated, empty, non-torch or non-fairseq checkpoint fails deep in torch or fairseq (OSError: [Errno "
+        "22] Invalid argument, EOFError, KeyError: 'best_loss'), naming neither the file nor the problem",
+        "checkpoint_utils.load_checkpoint_to_cpu, Trainer.load_checkpoint",
     ),
     Fix(
         "diverse_beam_search",
@@ -54,10 +62,18 @@ FIXES: List[Fix] = [
     ),
     Fix(
         "dropped_sentences",
-        batching.warn_on_dropped_sentences,
-        "the last batch, when not a multiple of --required-batch-size-multiple, is left out without a word "
-        "(fairseq issue 5036); with no sentence left, a bare IndexError",
-        "data_utils.batch_by_size",
+        batching.keep_every_sentence_at_inference,
+        "the last batch, when not a multiple of --required-batch-size-multiple (8 by default), is left out without "
+        "a word (fairseq issue 5036): generate, validate and validation in training (--eval-bleu) lose up to 7 "
+        "sentences; with no sentence left, a bare IndexError",
+        "data_utils.batch_by_size, FairseqTask.get_batch_iterator, Trainer.get_train_iterator",
+    ),
+    Fix(
+        "interactive_skipped_lines",
+        interactive.answer_skipped_lines,
+        "fairseq-interactive --skip-invalid-size-inputs-valid-test prints nothing for a line too long for the "
+        "model: its outputs no longer line up with its inputs",
+        "fairseq_cli.interactive.buffered_read, fairseq_cli.interactive.make_batches (when that tool runs)",
     ),
     Fix(
         "empty_splits",

@@ -1,13 +1,15 @@
-"""Say so when fairseq leaves sentences out of a split's batches.
+"""Every sentence batched at inference; say so when fairseq leaves training sentences out of a split's batches.
 
 fairseq 0.12's ``data_utils.batch_by_size`` drops the last batch when its size is not a multiple of
-``--required-batch-size-multiple`` (8 by default; fairseq issue 5036): ``fairseq-generate`` then translates and
-scores, and ``fairseq-validate`` and validation during training average over, up to 7 sentences fewer than the
-split holds, without a word (the quickstart's 500 test sentences came back as 496). Changing the batches would
-change every training run's batches and random stream, so they are left as fairseq makes them; importing the
-plugin wraps the function to log a warning with the count and the flag that keeps every sentence. Where no
-sentence is left to batch at all, fairseq fails with a bare ``IndexError: list index out of range``; the
-wrapper says why instead.
+``--required-batch-size-multiple`` (8 by default; fairseq issue 5036): ``fairseq-generate`` then translated and
+scored, and ``fairseq-validate`` and validation during training (its loss and ``--eval-bleu``) averaged over, up to
+7 sentences fewer than the split holds, without a word (a 61-sentence test set at ``--batch-size 16`` gave 56
+hypotheses). With the plugin imported, batches built for inference keep that remainder as a last, smaller batch:
+those built by ``FairseqTask.get_batch_iterator`` anywhere but inside ``Trainer.get_train_iterator`` (generate,
+validate, the trainer's validation, interactive, the hub). Training batches stay exactly as fairseq makes them (the
+same batches, so the same random stream); where fairseq leaves training sentences out, a warning gives the count and
+the flag that keeps every sentence. Where no sentence is left to batch at all, fairseq fails with a bare
+``IndexError: list index out of range``; the wrapper says why instead.
 
 A split binarized from empty files (``fairseq-preprocess`` writes a ``.bin`` of no bytes) never gets that far:
 fairseq's memory-mapped loader stops on it with numpy's ``ValueError: cannot mmap an empty file``, naming no file,
@@ -15,11 +17,15 @@ then a second traceback from the half-built dataset's ``__del__``. ``refuse_empt
 before the loader opens it.
 """
 
+import contextlib
+import contextvars
 import inspect
 import logging
 import os
 
+import numpy as np
 from fairseq.data import data_utils, indexed_dataset
+from fairseq.tasks import FairseqTask
 
 from fairseq_convs2s_autoload import is_replaced, replace
 
@@ -31,10 +37,57 @@ NO_SENTENCES = (
     "training and with --skip-invalid-size-inputs-valid-test it skips them, with a warning saying how many)"
 )
 
+# what the batches being built are for: "training" (inside Trainer.get_train_iterator), "inference" (any other call
+# of FairseqTask.get_batch_iterator) or None (batch_by_size called on its own, or later: fairseq's rule)
+_BATCHES_FOR: contextvars.ContextVar = contextvars.ContextVar("convs2s_batches_for", default=None)
+
+
+@contextlib.contextmanager
+def _batches_for(purpose: str):
+    token = _BATCHES_FOR.set(purpose)
+    try:
+        yield
+    finally:
+        _BATCHES_FOR.reset(token)
+
+
+def keep_every_sentence_at_inference() -> None:
+    """Wrap ``data_utils.batch_by_size`` (:func:`warn_on_dropped_sentences`), ``FairseqTask.get_batch_iterator`` and
+    ``Trainer.get_train_iterator`` so that batches built for inference keep the sentences fairseq would leave out,
+    and training batches stay fairseq's (idempotent)."""
+    from fairseq.trainer import Trainer
+
+    warn_on_dropped_sentences()
+    get_train_iterator = Trainer.get_train_iterator
+    if not is_replaced(get_train_iterator):
+
+        def get_train_iterator_for_training(self, *args, **kwargs):
+            with _batches_for("training"):
+                return get_train_iterator(self, *args, **kwargs)
+
+        replace(Trainer, "get_train_iterator", get_train_iterator_for_training)
+    get_batch_iterator = FairseqTask.get_batch_iterator
+    if not is_replaced(get_batch_iterator):
+
+        def get_batch_iterator_for_inference_unless_training(self, *args, **kwargs):
+            with _batches_for(_BATCHES_FOR.get() or "inference"):
+                return get_batch_iterator(self, *args, **kwargs)
+
+        replace(FairseqTask, "get_batch_iterator", get_batch_iterator_for_inference_unless_training)
+
+
+def left_out(indices, batches) -> np.ndarray:
+    """The ``indices`` (in their order) that no batch holds."""
+    indices = np.asarray(indices if isinstance(indices, np.ndarray) else list(indices), dtype=np.int64)
+    if not len(batches):
+        return indices
+    return indices[~np.isin(indices, np.concatenate([np.asarray(b, dtype=np.int64) for b in batches]))]
+
 
 def warn_on_dropped_sentences() -> None:
-    """Wrap ``data_utils.batch_by_size`` (what every fairseq dataset batches with) to warn when the batches it
-    returns hold fewer sentences than the indices it was given (idempotent)."""
+    """Wrap ``data_utils.batch_by_size`` (what every fairseq dataset batches with): where the batches fairseq makes
+    hold fewer sentences than the indices it was given, batches for inference get the rest as one more batch, other
+    batches stay as they are with a warning (idempotent)."""
     batch_by_size = data_utils.batch_by_size
     if is_replaced(batch_by_size):
         return
@@ -52,13 +105,16 @@ def warn_on_dropped_sentences() -> None:
                 raise
             # fairseq reads the last batch of none (with a --required-batch-size-multiple above 1)
             raise ValueError(NO_SENTENCES) from None
-        left_out = len(indices) - sum(len(batch) for batch in batches)
-        if left_out > 0 and call.arguments.get("fixed_shapes") is None:
-            logger.warning(
-                f"fairseq left the last {left_out} of {len(indices)} sentences out of the batches: the last batch "
-                f"was not a multiple of --required-batch-size-multiple ({multiple}); pass "
-                "--required-batch-size-multiple 1 to keep every sentence"
-            )
+        dropped = len(indices) - sum(len(batch) for batch in batches)
+        if dropped <= 0 or call.arguments.get("fixed_shapes") is not None:
+            return batches
+        if _BATCHES_FOR.get() == "inference":  # fairseq's last batch, which it made and then left out
+            return [*batches, left_out(indices, batches)]
+        logger.warning(
+            f"fairseq left the last {dropped} of {len(indices)} sentences out of the batches: the last batch "
+            f"was not a multiple of --required-batch-size-multiple ({multiple}); pass "
+            "--required-batch-size-multiple 1 to keep every sentence"
+        )
         return batches
 
     replace(data_utils, "batch_by_size", batch_by_size_and_warn)

@@ -16,8 +16,20 @@ from fairseq import checkpoint_utils
 
 from fairseq_convs2s_autoload import LOADING_CHECKPOINT, mark_checkpoint_loads
 
+
+def _numpy_globals() -> list:
+    """What a numeric numpy array or scalar pickles as: fairseq-train --eval-bleu saves its BLEU meters' counts
+    as numpy arrays in ``extra_state["metrics"]``. (An array of Python objects would also need each object's
+    class, which stays refused.)"""
+    import numpy as np
+
+    multiarray = (getattr(np, "_core", None) or np.core).multiarray
+    numeric = (np.float64, np.float32, np.float16, np.int64, np.int32, np.int16, np.int8, np.uint8, np.bool_)
+    return [np.ndarray, np.dtype, multiarray._reconstruct, multiarray.scalar] + [type(np.dtype(t)) for t in numeric]
+
+
 # the classes fairseq 0.12 writes into checkpoints besides tensors and builtin containers
-FAIRSEQ_CHECKPOINT_GLOBALS = [argparse.Namespace]
+FAIRSEQ_CHECKPOINT_GLOBALS = [argparse.Namespace, *_numpy_globals()]
 
 
 def allow_fairseq_checkpoints() -> None:

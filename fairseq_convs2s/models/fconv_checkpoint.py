@@ -20,6 +20,7 @@ import torch
 from fairseq.data import Dictionary
 from torch import Tensor
 
+from ..compat.broken_checkpoints import what_is_wrong
 from ..compat.checkpoints import building_to_load
 
 FCONV_ARCHS = ("fconv", "fconv_iwslt_de_en", "fconv_wmt_en_ro", "fconv_wmt_en_de", "fconv_wmt_en_fr")
@@ -170,9 +171,12 @@ def read_checkpoint(path: str, mmap: bool = False) -> dict:
         return torch.load(path, map_location="cpu")
     except FileNotFoundError:
         raise ConversionError(f"{path}: no such file") from None
-    except Exception as e:  # truncated or not a torch file
+    except Exception as e:  # truncated, empty, not a torch file: which, in one line
+        problem = what_is_wrong(path)
         reason = str(e).strip().split("\n")[0]  # (torch's weights_only refusal goes on for lines)
-        raise ConversionError(f"{path}: cannot be read as a torch checkpoint ({type(e).__name__}: {reason})") from None
+        raise ConversionError(
+            problem or f"{path}: cannot be read as a torch checkpoint ({type(e).__name__}: {reason})"
+        ) from None
 
 
 def save_atomically(checkpoint: dict, out_path: str) -> None:

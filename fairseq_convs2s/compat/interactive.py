@@ -1,0 +1,83 @@
+"""Answer every line of ``fairseq-interactive``, also one skipped for its length.
+
+With ``--skip-invalid-size-inputs-valid-test``, fairseq 0.12's ``fairseq-interactive`` leaves a line longer than the
+model's position table out of its batches (one warning per buffer, with a count) and prints nothing for it, so
+its outputs no longer line up with its inputs. With the plugin loaded, each such line gets an ``S-`` line (the
+source as read), a ``W-`` line naming the reason, and an empty hypothesis: ``H-`` and ``D-`` lines with the score
+``-inf`` and no tokens, and an empty ``P-`` line. They come once the lines batched with it are decoded and before
+those are printed: with ``--buffer-size 1`` (the default) exactly in input order, otherwise ahead of the other
+lines of the same buffer, each with its own id.
+
+Installed when the plugin is loaded by ``fairseq-interactive`` (``--user-dir``, or the start-up hook), whose module
+is then loaded: the fix replaces that module's ``buffered_read`` (to know each buffer's first id) and
+``make_batches`` (to see which ids came out of the batches).
+"""
+
+import sys
+
+from fairseq_convs2s_autoload import is_replaced, replace
+
+MODULE = "fairseq_cli.interactive"
+
+
+class _Lines(list):
+    """A buffer of input lines that knows the id of its first line."""
+
+    start_id = 0
+
+
+def _interactive_modules():
+    """``fairseq_cli.interactive`` as imported, and as ``__main__`` under ``python -m fairseq_cli.interactive``."""
+    found = []
+    for name in (MODULE, "__main__"):
+        module = sys.modules.get(name)
+        spec = getattr(module, "__spec__", None)
+        if module is not None and (name == MODULE or getattr(spec, "name", None) == MODULE):
+            if hasattr(module, "make_batches") and hasattr(module, "buffered_read"):
+                found.append(module)
+    return found
+
+
+def _answer_skipped(lines, ids, cfg, task, max_positions, encode_fn) -> None:
+    dictionary = task.source_dictionary
+    tokens, lengths = task.get_interactive_tokens_and_lengths([lines[i] for i in ids], encode_fn)
+    for i, source, length in zip(ids, tokens, lengths):
+        line_id = lines.start_id + i
+        if dictionary is not None:
+            print(f"S-{line_id}\t{dictionary.string(source, cfg.common_eval.post_process)}")
+        print(
+            f"W-{line_id}\tskipped: {length} source tokens (with EOS) do not fit the model's max_positions="
+            f"{max_positions} (--skip-invalid-size-inputs-valid-test)"
+        )
+        print(f"H-{line_id}\t-inf\t")
+        print(f"D-{line_id}\t-inf\t")
+        print(f"P-{line_id}\t")
+
+
+def answer_skipped_lines() -> None:
+    """Replace ``buffered_read`` and ``make_batches`` of the loaded ``fairseq-interactive`` module (idempotent; a
+    no-op in a process that is not running it)."""
+    for module in _interactive_modules():
+        if is_replaced(module.make_batches):
+            continue
+        buffered_read, make_batches = module.buffered_read, module.make_batches
+
+        def buffered_read_counting(input, buffer_size, buffered_read=buffered_read):
+            start_id = 0
+            for buffer in buffered_read(input, buffer_size):
+                lines = _Lines(buffer)
+                lines.start_id = start_id
+                start_id += len(lines)
+                yield lines
+
+        def make_batches_answering_skipped(lines, cfg, task, max_positions, encode_fn, make_batches=make_batches):
+            seen = set()
+            for batch in make_batches(lines, cfg, task, max_positions, encode_fn):
+                seen.update(batch.ids.tolist())
+                yield batch
+            skipped = [i for i in range(len(lines)) if i not in seen]
+            if skipped and cfg.dataset.skip_invalid_size_inputs_valid_test and isinstance(lines, _Lines):
+                _answer_skipped(lines, skipped, cfg, task, max_positions, encode_fn)
+
+        replace(module, "buffered_read", buffered_read_counting)
+        replace(module, "make_batches", make_batches_answering_skipped)
