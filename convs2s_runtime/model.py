@@ -138,15 +138,15 @@ class Model:
         return DecodeState(encoder_out, fold_sources(self.step_weights, encoder_out), len(self.step_weights.blocks))
 
     def step(self, state: DecodeState, tokens: Tensor, step: int, need_attn: bool) -> Tuple[Tensor, Optional[Tensor]]:
-        """tokens: N, each hypothesis's newest token (at position ``step``) -> log-probabilities N x V (fp32) and
-        the attention averaged over the attending layers, N x S (or None)."""
+        """tokens: N, each hypothesis's newest token (at position ``step``) -> the logits N x V (fp32, a fresh
+        tensor) and the attention averaged over the attending layers, N x S (or None)."""
         g = self.tgt_embed[tokens] + self.tgt_positions[self.pad + step + 1]  # N x f
         x, attn_sum, state.windows = decoder_step(
             self.step_weights, g, state.windows, state.encoder_out, state.folded, need_attn
         )
         logits = self.step_weights.output_projection(x)  # N x V
         attn = attn_sum.float() / self.attending_layers if attn_sum is not None else None
-        return F.log_softmax(logits.float(), dim=-1), attn
+        return (logits.float() if logits.dtype != torch.float32 else logits), attn
 
 
 def _convolve(x: Tensor, weight: Tensor, bias: Tensor, padding: Tuple[int, int]) -> Tensor:

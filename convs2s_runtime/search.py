@@ -59,10 +59,10 @@ def beam_search(
     last_step = int(max_len.max())
     for step in range(last_step + 1):
         rows = tokens[::beam, -1] if step == 0 else tokens[:, -1]  # step 0: one row per source
-        lprobs, step_attn = model.step(state, rows, step, need_attn)  # rows x V, rows x S
+        logits, step_attn = model.step(state, rows, step, need_attn)  # rows x V (fp32), rows x S
         if step == 0:
             state.expand(beam)
-        lprobs = lprobs.masked_fill_(lprobs.ne(lprobs), -math.inf)
+        lprobs = torch.log_softmax(logits, dim=1)  # rows x V
         lprobs[:, pad] = -math.inf
         at_max = (step >= max_len).repeat_interleave(1 if step == 0 else beam).to(device)  # rows
         if bool(at_max.any()):  # only EOS at a sentence's maximum length
@@ -74,15 +74,8 @@ def beam_search(
         if attn is not None:
             step_attn = step_attn.repeat_interleave(beam, dim=0) if step == 0 else step_attn
             attn = torch.cat([attn, step_attn.unsqueeze(2)], dim=2)  # N x S x (step + 1)
-
-        vocab = lprobs.size(1)
-        if step == 0:
-            candidates = lprobs  # B x V: the first hypothesis of each source
-        else:
-            candidates = (lprobs.view(bsz, beam, vocab) + scores[:, -1].view(bsz, beam, 1)).view(bsz, -1)
-        cand_scores, cand_indices = torch.topk(candidates, k=min(cand_size, candidates.size(1) - 1))  # B x C
-        cand_beams = torch.div(cand_indices, vocab, rounding_mode="trunc")
-        cand_tokens = cand_indices.fmod(vocab)
+        previous = scores[:, -1] if step > 0 else None
+        cand_scores, cand_beams, cand_tokens = _candidates(lprobs, previous, 1 if step == 0 else beam, cand_size)
         cand_rows = cand_beams + (torch.arange(bsz, device=device) * beam).unsqueeze(1)  # B x C: what each extends
 
         eos_mask = cand_tokens.eq(eos) & cand_scores.ne(-math.inf)
@@ -119,6 +112,28 @@ def beam_search(
     for hypotheses in finalized:
         hypotheses.sort(key=lambda h: -h.score)  # (a stable sort: ties keep the order they were finalized in)
     return finalized
+
+
+def _candidates(lprobs, previous, group: int, cand_size: int):
+    """The top candidates of each sentence over its ``group`` rows x V of log-probabilities plus each row's
+    cumulative score ``previous`` (None at step 0), as fairseq's ``BeamSearch.step`` takes them: (scores, beams,
+    tokens), each B x min(cand_size, group * V - 1), best first.
+
+    Porting note (fairseq): fairseq replaces NaN in every row's log-probabilities (N x V), adds the cumulative
+    scores to all of them and takes the top 2 x beam of each sentence's beam x V. A sentence's best 2 x beam come
+    from each row's best 2 x beam, so here each row's best are taken first and only those are NaN-checked and
+    summed: one pass over N x V (the top-k) instead of four, the same sums."""
+    vocab = lprobs.size(1)
+    k = min(cand_size, group * vocab - 1)
+    top, tokens = lprobs.topk(min(k, vocab), dim=1)  # rows x K
+    top = top.masked_fill_(top.isnan(), -math.inf)  # (fairseq: a NaN log-probability is never chosen)
+    if previous is not None:
+        top = top + previous.unsqueeze(1)
+    per_row = top.size(1)
+    cand_scores, index = top.view(-1, group * per_row).topk(k, dim=1)  # B x C
+    cand_beams = torch.div(index, per_row, rounding_mode="trunc")
+    cand_tokens = tokens.view(-1, group * per_row).gather(1, index)
+    return cand_scores, cand_beams, cand_tokens
 
 
 def _finalize(step, eos_mask, cand_rows, cand_scores, tokens, scores, attn, eos, beam, length_penalty, sentence,

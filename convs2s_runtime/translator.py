@@ -102,10 +102,11 @@ class Translator:
         nbest: int = 1,
         return_attention: bool = False,
         max_batch_size: int = 0,
+        min_len: int = 1,
     ) -> List[TranslationResult]:
         """One result per source, in order. The sources are decoded in batches of similar length (all at once with
         ``max_batch_size`` 0); each hypothesis is at most ``max_len_a * source length + max_len_b`` tokens (and
-        the model's target positions) long."""
+        the model's target positions) long, and at least ``min_len`` before its EOS (fairseq's ``--min-len``)."""
         if beam_size < 1 or nbest < 1 or nbest > beam_size:
             raise ValueError(f"need 1 <= nbest ({nbest}) <= beam_size ({beam_size})")
         ids = [self.source_ids(source) for source in sources]
@@ -115,12 +116,12 @@ class Translator:
         with torch.inference_mode():
             for start in range(0, len(order), size):
                 batch = order[start : start + size]
-                settings = (beam_size, max_len_a, max_len_b, length_penalty, nbest, return_attention)
+                settings = (beam_size, max_len_a, max_len_b, length_penalty, nbest, return_attention, min_len)
                 for i, result in zip(batch, self._translate([ids[i] for i in batch], *settings)):
                     results[i] = result
         return results
 
-    def _translate(self, batch, beam_size, max_len_a, max_len_b, length_penalty, nbest, return_attention):
+    def _translate(self, batch, beam_size, max_len_a, max_len_b, length_penalty, nbest, return_attention, min_len):
         width = max(len(ids) for ids in batch)
         src = torch.full((len(batch), width), self.pad, dtype=torch.long)
         for row, ids in enumerate(batch):
