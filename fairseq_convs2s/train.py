@@ -136,10 +136,9 @@ def keep_freed_memory() -> bool:
 
     By default glibc maps each allocation above 32 MiB (its largest mmap threshold) afresh and unmaps it when freed,
     so the tensors of an update that size (the logits, log-probabilities and their gradients, N x V floats) are
-    faulted in and zeroed by the kernel page by page at every update: 127 MiB an update for the benchmarks'
-    iwslt-size update, 64 x 26 tokens. On Multi30k (``--max-tokens 4000``) training ran 1.48x and 1.58x faster
-    this way, the same losses (``python -m benchmarks.bf16_curve DATA --compare malloc``, both orders; BENCHMARKS.md).
-    The cost: the process keeps its peak memory until it exits.
+    faulted in and zeroed by the kernel page by page at every update. Kept, whole training runs are faster with the
+    same losses (BENCHMARKS.md, "bf16 against fp32, whole training runs (CPU)"). The cost: the process keeps its
+    peak memory until it exits.
     """
     if "MALLOC_MMAP_MAX_" in os.environ or "MALLOC_TRIM_THRESHOLD_" in os.environ:
         return False

@@ -155,28 +155,35 @@ def _check_loads(args: Namespace, state: Dict[str, Tensor], model_class) -> None
 
 
 def read_checkpoint(path: str, mmap: bool = False) -> dict:
-    """``torch.load`` a checkpoint onto the CPU; a missing, truncated or non-torch file is a ConversionError.
+    """``torch.load`` a fairseq checkpoint onto the CPU; a missing, truncated, empty or non-torch file, or a torch
+    file that is not a fairseq checkpoint, is a ConversionError that says which in one line.
 
     With ``mmap`` the tensors of a zip-format file are mapped, not read, which makes looking at the ``cfg`` of a
     large checkpoint cheap; files in torch's legacy format (before torch 1.6) are read in full. Importing this
     module ran the package's ``__init__``, which allow-lists fairseq's checkpoint classes (``compat``).
     """
     try:
-        if mmap:
-            try:
-                return torch.load(path, map_location="cpu", mmap=True)
-            except RuntimeError as e:
-                if "mmap" not in str(e):  # only the legacy format's refusal falls through to a full read
-                    raise
-        return torch.load(path, map_location="cpu")
+        checkpoint = _load(path, mmap)
     except FileNotFoundError:
         raise ConversionError(f"{path}: no such file") from None
     except Exception as e:  # truncated, empty, not a torch file: which, in one line
-        problem = what_is_wrong(path)
         reason = str(e).strip().split("\n")[0]  # (torch's weights_only refusal goes on for lines)
-        raise ConversionError(
-            problem or f"{path}: cannot be read as a torch checkpoint ({type(e).__name__}: {reason})"
-        ) from None
+        problem = what_is_wrong(path) or f"{path}: cannot be read as a torch checkpoint ({type(e).__name__}: {reason})"
+        raise ConversionError(problem) from None
+    if not isinstance(checkpoint, dict) or "model" not in checkpoint:
+        problem = what_is_wrong(path, checksums=False)
+        raise ConversionError(problem or f"{path}: not a fairseq checkpoint: no 'model' entry")
+    return checkpoint
+
+
+def _load(path: str, mmap: bool):
+    if mmap:
+        try:
+            return torch.load(path, map_location="cpu", mmap=True)
+        except RuntimeError as e:
+            if "mmap" not in str(e):  # only the legacy format's refusal falls through to a full read
+                raise
+    return torch.load(path, map_location="cpu")
 
 
 def save_atomically(checkpoint: dict, out_path: str) -> None:

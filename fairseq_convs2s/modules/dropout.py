@@ -1,8 +1,8 @@
 """Dropout (Srivastava et al. 2014), as ConvS2S applies it to embeddings, block inputs and the decoder output.
 
 Porting note (fconv): fconv calls ``F.dropout``, which on the CPU draws its mask with ``bernoulli_`` on a float
-tensor: about 10 ns an element here, a mask for every block input of every update, 4% of a training update's
-operator time at the iwslt size (``python -m benchmarks.profile --what train``). :class:`Dropout` draws the
+tensor, a mask for every block input of every update: a few percent of a training update's operator time at the
+iwslt size (BENCHMARKS.md, "The speed-ups, and what bounds them"). :class:`Dropout` draws the
 same distribution more cheaply there: 32 random bits an element from torch's CPU generator (so
 ``torch.manual_seed`` and fairseq's ``--seed`` govern it as before), two elements a 64-bit draw, kept where the
 bits lie at or above the ``p`` quantile of 32-bit integers: every element is kept independently with probability
