@@ -53,9 +53,8 @@ def beam_search(
     tokens = src_tokens.new_full((bsz * beam, 1), eos)  # every hypothesis's tokens so far
     scores = torch.zeros(bsz * beam, 0, device=device)  # their cumulative scores, one column per step
     attn = torch.zeros(bsz * beam, src_tokens.size(1), 0, device=device) if need_attn else None
-    ignored = torch.zeros(
-        bsz, beam, dtype=torch.bool, device=device
-    )  # beam slots that hold an EOS candidate (too few others)
+    # beam slots that hold an EOS candidate (where fewer than beam others were left)
+    ignored = torch.zeros(bsz, beam, dtype=torch.bool, device=device)
     last_step = int(max_len.max())
     for step in range(last_step + 1):
         rows = tokens[::beam, -1] if step == 0 else tokens[:, -1]  # step 0: one row per source

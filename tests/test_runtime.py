@@ -5,6 +5,7 @@ for a trained one; no fairseq import; every input line answered; bad input named
 import argparse
 import json
 import math
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -191,8 +192,9 @@ def test_the_command_line_equals_fairseq_generate(trained):
         cwd=folder, capture_output=True, text=True,
     ))  # fmt: skip
     sources = [lines["S"][i] for i in sorted(lines["S"])]
-    proc = subprocess.run([sys.executable, "-m", "convs2s_runtime", "model"], input="\n".join(sources) + "\n",
-                          capture_output=True, text=True, cwd=folder, env={"PYTHONPATH": str(REPO_ROOT)})  # fmt: skip
+    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
+    cmd = [sys.executable, "-m", "convs2s_runtime", "model"]
+    proc = subprocess.run(cmd, input="\n".join(sources) + "\n", capture_output=True, text=True, cwd=folder, env=env)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stdout.split("\n")[:-1] == [" ".join(split_hypothesis(lines["H"][i])[1]) for i in sorted(lines["S"])]
     results = Translator(folder / "model").translate_batch(sources)
