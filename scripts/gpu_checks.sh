@@ -16,7 +16,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
-STAGE=${1:?usage: scripts/gpu_checks.sh bench|distributed|recipe|forms|memory}
+STAGE=${1:?usage: scripts/gpu_checks.sh bench|distributed|recipe|forms|memory|runtime}
 KIT=${KIT:-.gpu_kit}
 OUT=${OUT:-gpu_out}
 PY=${PY:-python3}
@@ -84,6 +84,9 @@ case "$STAGE" in
         --dtype "$dtype"
     done
     ;;
+  runtime)
+    step runtime 400 "$PY" -m benchmarks.runtime --device cuda --out "$OUT"
+    ;;
   memory)
     ck=("$PY" -m benchmarks.checkpoint_activations --device "${DEVICE:-cuda}" --rounds 3)
     step memory_harness 320 "${ck[@]}" --json "$OUT/checkpoint_activations_harness.json"
@@ -91,7 +94,7 @@ case "$STAGE" in
       --json "$OUT/checkpoint_activations_big.json"
     ;;
   *)
-    echo "unknown stage $STAGE: bench, distributed, recipe, forms or memory" >&2
+    echo "unknown stage $STAGE: bench, distributed, recipe, forms, memory or runtime" >&2
     exit 2
     ;;
 esac
