@@ -13,6 +13,7 @@ of each against the raw references.
 """
 
 import argparse
+import contextlib
 import json
 import math
 import re
@@ -28,7 +29,7 @@ USER_DIR = Path(__file__).resolve().parent.parent / "fairseq_convs2s"
 
 def _run(cmd: List[str], stdin_path=None) -> Tuple[float, str]:
     start = time.perf_counter()
-    with open(stdin_path, "rb") if stdin_path else open("/dev/null", "rb") as stdin:
+    with open(stdin_path, "rb") if stdin_path else contextlib.nullcontext(subprocess.DEVNULL) as stdin:
         proc = subprocess.run(cmd, stdin=stdin, capture_output=True, text=True)
     seconds = time.perf_counter() - start
     if proc.returncode != 0:

@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from .attention import FoldedAttention
-from .products import Product
+from .products import Product, padded_conv_tbc
 from .step import BlockStep, StepWeights, add_residual, decoder_step, fold_sources
 
 FORMAT = "convs2s-runtime"
@@ -126,7 +126,7 @@ class Model:
             self.encoder_layers, self.encoder_convs, self.encoder_residuals
         ):
             x = x.masked_fill(mask.unsqueeze(-1), 0.0)
-            x = _convolve(x.transpose(0, 1), weight, bias, ((kernel - 1) // 2, kernel // 2))  # S x B x 2d
+            x = padded_conv_tbc(x.transpose(0, 1), weight, bias, ((kernel - 1) // 2, kernel // 2))  # S x B x 2d
             x = F.glu(x, dim=2).transpose(0, 1)  # B x S x d
             x = add_residual(x, outputs, residual, projection)
             outputs.append(x)
@@ -147,15 +147,6 @@ class Model:
         logits = self.step_weights.output_projection(x)  # N x V
         attn = attn_sum.float() / self.attending_layers if attn_sum is not None else None
         return (logits.float() if logits.dtype != torch.float32 else logits), attn
-
-
-def _convolve(x: Tensor, weight: Tensor, bias: Tensor, padding: Tuple[int, int]) -> Tensor:
-    """conv_tbc over x (T x B x in) zero-padded by (left, right) steps, as the plugin's ``WeightNormConvTBC``."""
-    left, right = padding
-    if left != right:
-        x = F.pad(x, (0, 0, 0, 0, left, right))
-        left = 0
-    return torch.conv_tbc(x.contiguous(), weight, bias, left)
 
 
 def _product(w: Dict[str, Tensor], name: str) -> Optional[Product]:

@@ -10,6 +10,7 @@ Torch only: the plugin and the fairseq-free runtime share this file.
 from typing import Callable, List, Optional
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
 # oneDNN's fixed cost per call is paid back from this weight size (in x out) and this many multiply-adds up
@@ -62,6 +63,17 @@ if hasattr(torch.library, "custom_op"):
     @_onednn_linear_op.register_fake
     def _(x: Tensor, weight: Tensor, bias: Optional[Tensor]) -> Tensor:
         return x.new_empty(x.size(0), weight.size(0))  # N x out
+
+
+def padded_conv_tbc(x: Tensor, weight: Tensor, bias: Optional[Tensor], padding) -> Tensor:
+    """``conv_tbc`` over x (T x B x in) zero-padded by ``padding`` = (left, right) steps -> T' x B x out;
+    weight: k x in x out. conv_tbc pads both sides alike without a copy; other paddings (the decoder's causal
+    k - 1 on the left, an even kernel) pad the time dimension first."""
+    left, right = padding
+    if left != right:
+        x = F.pad(x, (0, 0, 0, 0, left, right))
+        left = 0
+    return torch.conv_tbc(x.contiguous(), weight, bias, left)
 
 
 class Product:

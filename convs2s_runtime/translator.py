@@ -15,7 +15,7 @@ from typing import List, NamedTuple, Optional, Sequence
 
 import torch
 
-from .model import SENTENCEPIECE, Model, ModelDirError, read_config, read_vocabulary
+from .model import SENTENCEPIECE, Model, ModelDirError, read_vocabulary
 from .search import beam_search
 
 logger = logging.getLogger("convs2s_runtime")
@@ -60,11 +60,10 @@ class Translator:
             logger.warning("this CPU has no bf16 instructions: decoding in float32")
             dtype = torch.float32
         self.compute_type = "bfloat16" if dtype == torch.bfloat16 else "float32"
-        config = read_config(model_dir)
+        self.model = Model.load(model_dir, dtype, device)  # (its config first: a folder that is no export is named)
         self.source_vocabulary = read_vocabulary(model_dir, "source")
         self.target_vocabulary = read_vocabulary(model_dir, "target")
         self._source_index = {symbol: i for i, symbol in enumerate(self.source_vocabulary)}
-        self.model = Model.load(model_dir, dtype, device)
         for side, vocabulary, rows in (
             ("source", self.source_vocabulary, self.model.src_embed.size(0)),
             ("target", self.target_vocabulary, self.model.vocab_size),
@@ -73,6 +72,7 @@ class Translator:
                 raise ModelDirError(
                     f"{model_dir}: the {side} vocabulary has {len(vocabulary)} symbols, the model {rows}"
                 )
+        config = self.model.config
         self.unk, self.eos, self.pad = config["unk"], config["eos"], config["pad"]
         self.device = torch.device(device)
         self._sentencepiece = None

@@ -32,6 +32,7 @@ from .models.fconv_checkpoint import (
     ConversionError,
     checkpoint_arch,
     convert_checkpoint,
+    current_umask,
     model_args_of,
     read_checkpoint,
 )
@@ -147,7 +148,7 @@ def write_folder(files: dict, out_dir: Path, sentencepiece_model=None) -> None:
                 torch.save(content, tmp / name)
         if sentencepiece_model is not None:
             shutil.copyfile(sentencepiece_model, tmp / SENTENCEPIECE)
-        os.chmod(tmp, 0o777 & ~_umask())
+        os.chmod(tmp, 0o777 & ~current_umask())
         old = None
         if out_dir.exists():
             old = parent / f".{out_dir.name}.replaced"
@@ -159,12 +160,6 @@ def write_folder(files: dict, out_dir: Path, sentencepiece_model=None) -> None:
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-
-
-def _umask() -> int:
-    mask = os.umask(0o022)
-    os.umask(mask)
-    return mask
 
 
 def _check_sentencepiece(path) -> None:

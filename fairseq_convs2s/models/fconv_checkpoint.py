@@ -197,7 +197,7 @@ def save_atomically(checkpoint: dict, out_path: str) -> None:
     os.close(fd)
     try:
         torch.save(checkpoint, tmp)
-        os.chmod(tmp, 0o666 & ~_umask())
+        os.chmod(tmp, 0o666 & ~current_umask())
         os.replace(tmp, out_path)
     except BaseException:
         if os.path.exists(tmp):
@@ -205,7 +205,8 @@ def save_atomically(checkpoint: dict, out_path: str) -> None:
         raise
 
 
-def _umask() -> int:
+def current_umask() -> int:
+    """The process's umask (reading it means setting it: put back at once)."""
     mask = os.umask(0o022)  # reading the umask means setting it: put it back at once
     os.umask(mask)
     return mask

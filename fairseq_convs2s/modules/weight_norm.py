@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from convs2s_runtime.products import Product, is_compiling, pack_for_onednn, transposed_for_mkl
+from convs2s_runtime.products import Product, is_compiling, pack_for_onednn, padded_conv_tbc, transposed_for_mkl
 
 from .training_products import Im2colConvTBC, im2col_pays, training_linear
 
@@ -164,10 +164,7 @@ class WeightNormConvTBC(WeightNorm):
         weight = self.weight
         if torch.is_grad_enabled() and im2col_pays(x, weight):
             return Im2colConvTBC.apply(x.contiguous(), weight, self.bias, left, right)
-        if left != right:
-            x = F.pad(x, (0, 0, 0, 0, left, right))  # causal (or an even kernel): pad the time dim
-            left = 0
-        return torch.conv_tbc(x.contiguous(), weight, self.bias, left)  # conv_tbc pads both sides without a copy
+        return padded_conv_tbc(x, weight, self.bias, padding)
 
     def product_weight(self) -> Tensor:
         """The kernel as one matrix, out x (k * in), for the convolution at one position over a window of k
