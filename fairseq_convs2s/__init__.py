@@ -1,7 +1,8 @@
 """ConvS2S (Gehring et al., 2017) as a fairseq plugin: ``--user-dir fairseq_convs2s --arch convs2s_*``.
 
-Importing the package registers the ``convs2s`` model, its ``--arch`` presets and the criteria
-(``--criterion fused_label_smoothed_cross_entropy``, ``--criterion sequence_risk``), and installs the plugin's fixes
+Importing the package registers the ``convs2s`` model, its ``--arch`` presets, the criteria
+(``--criterion fused_label_smoothed_cross_entropy``, ``--criterion sequence_risk``) and the learning-rate schedule
+``--lr-scheduler budget``, and installs the plugin's fixes
 to fairseq (``compat``: one file per fix, listed in one table there).
 """
 
@@ -9,7 +10,7 @@ from . import compat
 
 compat.install()
 
-from . import criterions, models  # noqa: E402,F401  (registers the model, its presets and the criteria)
+from . import budget_schedule, criterions, models  # noqa: E402,F401  (registers the model, presets, criteria, schedule)
 from .models import ConvS2SModel  # noqa: E402,F401
 
 __version__ = "0.1.0"
