@@ -6,6 +6,9 @@
 #   scripts/gpu_checks.sh distributed  # scripts/check_distributed_gpu.py (2.7 min on an H100)
 #   scripts/gpu_checks.sh recipe   # the Multi30k recipe, fairseq-generate --fp16 and --bf16 against fp32,
 #                                  # benchmarks.bf16_generation (6 min on an H100)
+#   scripts/gpu_checks.sh budget   # the Multi30k recipe under update budgets, six runs at once: the anneal fraction
+#                                  # of --lr-scheduler budget, the plateau schedule cut at the same update count,
+#                                  # and the recipe's defaults to convergence (UPDATES=3000 2000 by default)
 #   scripts/gpu_checks.sh forms    # benchmarks.train_forms: the compiled update against the eager one, bf16 and fp32
 #   scripts/gpu_checks.sh memory   # benchmarks.checkpoint_activations: --checkpoint-activations' memory and time,
 #                                  # the harness's batch and a 256 x 101-token one (DEVICE=cpu: on the CPU);
@@ -16,7 +19,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
-STAGE=${1:?usage: scripts/gpu_checks.sh bench|distributed|recipe|forms|memory|runtime}
+STAGE=${1:?usage: scripts/gpu_checks.sh bench|distributed|recipe|budget|forms|memory|runtime}
 KIT=${KIT:-.gpu_kit}
 OUT=${OUT:-gpu_out}
 PY=${PY:-python3}
@@ -78,6 +81,27 @@ case "$STAGE" in
     done
     step bf16_generation 180 "$PY" -m benchmarks.bf16_generation --device "${DEVICE:-cuda}" --repeats 3 --out "$OUT"
     ;;
+  budget)  # more arguments go to every recipe run, before the run's own (a try on a CPU: --max-train-lines 300)
+    EXTRA=("${@:2}")
+    read -r big small <<<"${UPDATES:-3000 2000}"
+    recipe() {  # recipe NAME ARGS...: one recipe run in the background, its console and its curve in $OUT/NAME.log
+      local name=$1
+      shift
+      (
+        timeout 540 "$PY" examples/multi30k/run.py --raw-dir "$KIT/multi30k" --out "/tmp/budget/$name" --workers 2 \
+          "${EXTRA[@]}" "$@" >"$OUT/$name.log" 2>&1
+        echo "[gpu_checks] $name: exit $? $(grep -h '^test (' "$OUT/$name.log")"
+        cat "/tmp/budget/$name/curve.tsv" >>"$OUT/$name.log" 2>/dev/null
+      ) &
+    }
+    recipe default
+    recipe "plateau_$big" --train-args "--max-update $big"
+    for fraction in 1.0 0.5 0.25; do
+      recipe "anneal${fraction}_$big" --update-budget "$big" --train-args "--anneal-fraction $fraction"
+    done
+    recipe "anneal0.5_$small" --update-budget "$small" --train-args "--anneal-fraction 0.5"
+    wait
+    ;;
   forms)
     for dtype in bf16 fp32; do
       step "forms_$dtype" 280 "$PY" -m benchmarks.train_forms --device cuda --variants torch-compile,fairseq-loss \
@@ -94,7 +118,7 @@ case "$STAGE" in
       --json "$OUT/checkpoint_activations_big.json"
     ;;
   *)
-    echo "unknown stage $STAGE: bench, distributed, recipe, forms, memory or runtime" >&2
+    echo "unknown stage $STAGE: bench, distributed, recipe, budget, forms, memory or runtime" >&2
     exit 2
     ;;
 esac

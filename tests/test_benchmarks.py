@@ -2,6 +2,7 @@
 split, its report, the training-forms variants and the real-batches comparison."""
 
 import json
+import re
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -16,6 +17,7 @@ from benchmarks.against_revision import module_at
 from benchmarks.measure import count_flops
 from benchmarks.op_split import PRODUCTS, OperatorTimer, split_update
 from benchmarks.real_batches import main as real_batches_main
+from benchmarks.recipe_training import main as recipe_training_main
 from benchmarks.report import render
 from benchmarks.risk_update import VARIANTS as RISK_VARIANTS
 from benchmarks.risk_update import _variant as risk_variant
@@ -169,6 +171,29 @@ def test_real_batches_times_the_four_variants_from_equal_weights(tmp_path, capsy
     for name, values in losses.items():
         assert values == pytest.approx(losses["fconv"], rel=1e-4), name
     assert "padding" in capsys.readouterr().out
+
+
+def test_recipe_training_alternates_the_recipes_commands_and_gives_ratios(tmp_path, capsys):
+    """``benchmarks.recipe_training``: the recipe's own training command per variant (its choices printed), one
+    process per variant and round, the medians and each variant's ratio to the first."""
+    make_splits(tmp_path, {"train": 200})
+    preprocess(tmp_path, "bin", trainpref="train")
+    out = tmp_path / "recipe_training.json"
+    small = "--encoder-layers '[(32, 3)]' --decoder-layers '[(32, 3)]' --encoder-embed-dim 32 --decoder-embed-dim 32"
+    recipe_training_main(
+        [str(tmp_path / "bin"), "--threads", "1", "--updates", "4", "--log-interval", "1", "--rounds", "2"]
+        + ["--variants", "convs2s,convs2s-fp32", "--train-args", small + " --decoder-out-embed-dim 32"]
+        + ["--out", str(out)]
+    )
+    rows = json.loads(out.read_text())["rows"]
+    assert [row["threads"] for row in rows] == [1]
+    assert [len(rows[0][name]) for name in ("convs2s", "convs2s-fp32")] == [2, 2]
+    assert all(wps > 0 for name in ("convs2s", "convs2s-fp32") for wps in rows[0][name])
+    printed = capsys.readouterr().out
+    assert "convs2s: criterion: fused_label_smoothed_cross_entropy (" in printed
+    assert "convs2s-fp32: criterion: fused_label_smoothed_cross_entropy (" in printed
+    assert "precision: fp32 (--precision fp32)" in printed
+    assert re.search(r"^\| 1 \| \d+ \| \d+ \(\*\*[0-9.]+x\*\*\) \|", printed, re.M), printed
 
 
 def test_real_batches_profile_prints_both_models_operators(tmp_path, capsys):

@@ -126,7 +126,7 @@ def lines(path: Path):
     return path.read_text(encoding="utf-8").splitlines()
 
 
-def check_common_stages(out: Path, src: str, tgt: str, n_test: int, tag: str = "test.avg") -> None:
+def check_common_stages(out: Path, src: str, tgt: str, n_test: int, tag: str = "test.auto") -> None:
     """The outputs every recipe leaves, stage by stage."""
     for split in ("train", "valid", "test"):
         for lang in (src, tgt):
@@ -136,8 +136,13 @@ def check_common_stages(out: Path, src: str, tgt: str, n_test: int, tag: str = "
     assert (out / "data-bin" / f"dict.{tgt}.txt").exists()
     assert (out / "data-bin" / f"train.{src}-{tgt}.{src}.bin").exists()
     ckpt = out / "checkpoints"
-    assert (ckpt / "checkpoint1.pt").exists() and (ckpt / "checkpoint2.pt").exists()
-    assert (ckpt / "checkpoint_avg.pt").exists()
+    assert list(ckpt.glob("checkpoint[0-9]*.pt"))  # epoch checkpoints (the last --average-last of them)
+    # the model tested: the average of the last checkpoints or the best one, and why (stage 5)
+    chosen, reason = (ckpt / "chosen.txt").read_text().strip().split("\t")
+    assert (ckpt / chosen).exists() and reason.startswith(chosen + " (")
+    # the validation curve, one row per epoch validated
+    assert lines(out / "curve.tsv")[0].startswith("minutes\tepoch") and len(lines(out / "curve.tsv")) > 1
+    assert (out / "curve.png").read_bytes().startswith(b"\x89PNG\r\n\x1a\n")
     assert "D-0\t" in (out / f"generate-{tag}.txt").read_text()
     assert len(lines(out / f"{tag}.hyp")) == n_test  # no test sentence dropped
 
@@ -150,11 +155,14 @@ def start_multi30k(root: Path, corpus) -> RecipeRun:
     for split, prefix in (("train", "train"), ("valid", "val"), ("test", "test_2016_flickr")):
         write(raw / f"{prefix}.en", [s for s, _ in corpus[split]], compress=split == "train")
         write(raw / f"{prefix}.de", [t for _, t in corpus[split]], compress=split == "train")
-    return RecipeRun("multi30k", root / "out", "--raw-dir", str(raw))
+    # four epochs: the last quarter of training (epochs 3 and 4) is averaged
+    train_args = shlex.join([*TINY, "--max-epoch", "4"])
+    return RecipeRun("multi30k", root / "out", "--raw-dir", str(raw), "--train-args", train_args)
 
 
 def test_multi30k_local_files(runs, corpus):
-    """Multi30k's own file names (val, test_2016_flickr; gzipped as on GitHub), averaging, BLEU, stage skipping."""
+    """Multi30k's own file names (val, test_2016_flickr; gzipped as on GitHub), the fastest training flags,
+    averaging the end of training, the choice by validation loss, BLEU, stage skipping."""
     run = runs["multi30k"]
     output = run.result()
     out = run.out
@@ -163,21 +171,31 @@ def test_multi30k_local_files(runs, corpus):
     # on a CPU training goes through the plugin's entry to fairseq-train, which keeps freed memory
     entry = "fairseq_cli" if torch.cuda.is_available() else "fairseq_convs2s"
     assert re.search(rf"^\$ \S+ -m {entry}\.train ", output, re.M), output[:3000]
+    criterion = "label_smoothed_cross_entropy" if torch.cuda.is_available() else "fused_label_smoothed_cross_entropy"
+    assert f"   criterion: {criterion} (" in output and "   precision: " in output
 
-    # the averaged model is the element-wise mean of the last two epochs
+    # the averaged model is the element-wise mean of the last quarter's epochs, 3 and 4
+    assert "   checkpoint3.pt, checkpoint4.pt\n" in output
     avg = torch.load(out / "checkpoints" / "checkpoint_avg.pt", weights_only=False)["model"]
-    one, two = (torch.load(out / "checkpoints" / f"checkpoint{e}.pt", weights_only=False)["model"] for e in (1, 2))
+    one, two = (torch.load(out / "checkpoints" / f"checkpoint{e}.pt", weights_only=False)["model"] for e in (3, 4))
     for key, value in avg.items():
         if value.is_floating_point():
             torch.testing.assert_close(value, (one[key] + two[key]) / 2)
     assert any(not torch.equal(one[k], two[k]) for k in one)  # training moved the weights: a real average
 
     # the score is sacrebleu's on the untokenized references, with its signature
-    report = (out / "score-test.avg.txt").read_text()
+    report = (out / "score-test.auto.txt").read_text()
     assert SIGNATURE.search(report), report
-    expected = scoring.bleu(lines(out / "test.avg.hyp"), [[t for _, t in corpus["test"]]])
+    expected = scoring.bleu(lines(out / "test.auto.hyp"), [[t for _, t in corpus["test"]]])
     assert report.strip() == expected
-    assert "== results" in output and "test (checkpoint_avg.pt): BLEU = " in output
+    # ... and tested only if fairseq-validate scores it below checkpoint_best.pt
+    chosen, reason = (out / "checkpoints" / "chosen.txt").read_text().strip().split("\t")
+    losses = [
+        float(x) for x in re.findall(r"validation loss ([0-9.]+) for the average of .*; ([0-9.]+) for", reason)[0]
+    ]
+    assert chosen == ("checkpoint_avg.pt" if losses[0] < losses[1] else "checkpoint_best.pt"), reason
+    assert f"   testing {reason}\n" in output
+    assert "== results" in output and f"test ({chosen}): BLEU = " in output
 
     # a second run finds every stage done and runs nothing
     again = subprocess.run(run.cmd, capture_output=True, text=True, timeout=120, cwd=out)
@@ -224,7 +242,7 @@ def test_wmt14_en_de_from_archives(runs, corpus):
     assert len(lines(prepared / "train.de")) == len(train) - 3
     assert lines(out / "raw" / "test.de")[0] == corpus["test"][0][1] + " &amp;"  # entities kept, as in sacrebleu
     check_common_stages(out, "en", "de", SIZES["test"])
-    assert SIGNATURE.search((out / "score-test.avg.txt").read_text())
+    assert SIGNATURE.search((out / "score-test.auto.txt").read_text())
 
 
 # ---- wmt14_en_fr: local files, the other direction -------------------------------------------------------------
@@ -235,17 +253,26 @@ def start_wmt14_en_fr(root: Path, corpus) -> RecipeRun:
     for split, pairs in corpus.items():
         write(raw / f"{split}.en", [s for s, _ in pairs])
         write(raw / f"{split}.fr", [t for _, t in pairs])
-    return RecipeRun("wmt14_en_fr", root / "out", "--raw-dir", str(raw), "--source-lang", "fr")
+    # a budget of 3 updates (no epoch limit), annealed to its end
+    train_args = shlex.join([*TINY, "--max-epoch", "0"])
+    return RecipeRun(
+        "wmt14_en_fr", root / "out", "--raw-dir", str(raw), "--source-lang", "fr", "--update-budget", "3",
+        "--train-args", train_args,
+    )  # fmt: skip
 
 
 def test_wmt14_en_fr_local_files_reverse_direction(runs, corpus):
-    """Local {train,valid,test}.{en,fr} and the other direction (fr to en), scored against the English side."""
+    """Local {train,valid,test}.{en,fr} and the other direction (fr to en), scored against the English side;
+    trained under an update budget, the rate annealed to 0 where fairseq stops."""
     run = runs["wmt14_en_fr"]
     output = run.result()
     check_common_stages(run.out, "fr", "en", SIZES["test"])
     assert "--arch convs2s_wmt_en_fr" in output
-    expected = scoring.bleu(lines(run.out / "test.avg.hyp"), [[s for s, _ in corpus["test"]]])
-    assert (run.out / "score-test.avg.txt").read_text().strip() == expected
+    assert "budget schedule: lr 0.5 for the first 50% of 3 updates, then linearly to 0" in output
+    assert "Stopping training due to num_updates: 3 >= max_update: 3" in output
+    assert re.findall(r"\| train \| epoch \d+ \|.*\| lr ([0-9.e-]+) \|", output)[-1] == "0"
+    expected = scoring.bleu(lines(run.out / "test.auto.hyp"), [[s for s, _ in corpus["test"]]])
+    assert (run.out / "score-test.auto.txt").read_text().strip() == expected
 
 
 # ---- gigaword: ROUGE, DUC ---------------------------------------------------------------------------------------
@@ -279,17 +306,17 @@ def test_gigaword_with_duc(runs):
     check_common_stages(out, "src", "tgt", SIZES["test"])
     assert lines(out / "raw" / "train.src")[0].endswith(" UNK")  # one spelling of the unknown word everywhere
 
-    report = (out / "score-test.avg.txt").read_text()
+    report = (out / "score-test.auto.txt").read_text()
     assert "(F1;" in report
     assert all(0 <= float(x) <= 100 for x in ROUGE_LINE.search(report).groups())
 
-    duc_report = (out / "score-duc2004.avg.txt").read_text()
+    duc_report = (out / "score-duc2004.auto.txt").read_text()
     assert "recall, hypotheses cut to 75 bytes" in duc_report and ROUGE_LINE.search(duc_report)
     assert len(list((out / "raw").glob("duc2004.tgt*"))) == 4  # the first reference and three more
-    assert len(lines(out / "duc2004.avg.hyp")) == 8
+    assert len(lines(out / "duc2004.auto.hyp")) == 8
     # --min-len 14: every output has at least 14 pieces before its end of sentence (a P- line scores each piece
     # and the end of sentence)
-    generated = (out / "generate-duc2004.avg.txt").read_text()
+    generated = (out / "generate-duc2004.auto.txt").read_text()
     pieces = [len(line.split("\t")[1].split()) - 1 for line in generated.splitlines() if line.startswith("P-")]
     assert len(pieces) == 8 and min(pieces) >= 14, pieces
     assert "ROUGE-1/2/L 35.88/17.48/33.29" in output  # the paper's numbers, printed for comparison

@@ -21,14 +21,19 @@ import torch
 _EPOCH_CHECKPOINT = re.compile(r"checkpoint(\d+)\.pt$")
 
 
-def last_epoch_checkpoints(folder: Path, n: int) -> List[Path]:
-    """The ``n`` newest ``checkpoint<epoch>.pt`` files in ``folder``, oldest first (fewer if fewer exist)."""
+def epoch_checkpoints(folder: Path) -> List[Path]:
+    """The ``checkpoint<epoch>.pt`` files in ``folder``, oldest epoch first."""
     found = []
     for path in folder.glob("checkpoint*.pt"):
         m = _EPOCH_CHECKPOINT.match(path.name)
         if m:
             found.append((int(m.group(1)), path))
-    return [path for _, path in sorted(found)[-n:]]
+    return [path for _, path in sorted(found)]
+
+
+def last_epoch_checkpoints(folder: Path, n: int) -> List[Path]:
+    """The ``n`` newest ``checkpoint<epoch>.pt`` files in ``folder``, oldest first (fewer if fewer exist)."""
+    return epoch_checkpoints(folder)[-n:]
 
 
 def _load(path: Path) -> dict:

@@ -8,7 +8,9 @@ runs again, to train longer, makes stages 5-7 run again too):
   2 sentencepiece   one joint vocabulary over both sides of train; encode; length/ratio filter -> OUT/spm/
   3 preprocess      fairseq-preprocess --joined-dictionary                               -> OUT/data-bin/
   4 train           fairseq-train with the recipe's preset and the paper's optimization  -> OUT/checkpoints/
-  5 average         average the last N epoch checkpoints                                 -> checkpoint_avg.pt
+                    (under --time-budget, annealed to its end); the validation curve    -> OUT/curve.{tsv,png}
+  5 average         average checkpoints from the end of training; keep it if it validates
+                    better than checkpoint_best.pt                                      -> checkpoint_avg.pt
   6 generate        fairseq-generate --beam 5 on each test set, detokenized              -> OUT/<test>.hyp
   7 score           sacrebleu (with its signature) or ROUGE-1/2/L                        -> OUT/score-<test>.txt
 """
@@ -30,7 +32,7 @@ REPO = HERE.parent.parent
 USER_DIR = REPO / "fairseq_convs2s"
 sys.path.insert(0, str(HERE.parent))
 
-from recipes import scoring, text  # noqa: E402
+from recipes import final_model, scoring, text, training  # noqa: E402
 
 SPLITS = ("train", "valid", "test")
 
@@ -75,14 +77,8 @@ class Recipe:
     extra_eval_sets: Optional[Callable[[argparse.Namespace], List[EvalSet]]] = None
 
 
-# The paper's optimization (section 4.2-4.3): Nesterov momentum 0.99, gradient norm clipped at 0.1, the learning
-# rate divided by 10 whenever validation loss stops improving, until it falls below 1e-4; fairseq's recipes add
-# label smoothing 0.1. --lr, --dropout and --max-tokens come from each recipe.
-PAPER_OPTIMIZATION = [
-    "--optimizer", "nag", "--momentum", "0.99", "--clip-norm", "0.1",
-    "--lr-scheduler", "reduce_lr_on_plateau", "--lr-shrink", "0.1", "--stop-min-lr", "1e-4",
-    "--criterion", "label_smoothed_cross_entropy", "--label-smoothing", "0.1",
-]  # fmt: skip
+# averaging takes checkpoints saved in this final part of training (by update count) only
+AVERAGE_TAIL = 0.25
 
 
 def stage(name: str, done: Path) -> bool:
@@ -141,6 +137,14 @@ def count(text: str) -> int:
     return value
 
 
+def minutes(text: str) -> float:
+    """argparse's type for ``--time-budget``: a positive number of minutes."""
+    value = float(text)
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be a positive number of minutes, got {text}")
+    return value
+
+
 def out_dir(text: str) -> Path:
     """argparse's type for ``--out``: an existing file is a usage error, not a traceback at the first mkdir."""
     path = Path(text)
@@ -166,8 +170,37 @@ def build_parser(recipe: Recipe, doc: str) -> argparse.ArgumentParser:
     add("--target-lang", default=None, choices=list(recipe.langs), help="default: the other one")
     add("--max-train-lines", type=count, help="use only the first N training pairs (a quick try, a smoke test)")
     add("--vocab-size", type=count, default=recipe.vocab_size, help="joint sentencepiece vocabulary (%(default)s)")
-    add("--average-last", type=count, default=recipe.average_last, help="average the last N epochs (%(default)s)")
-    add("--checkpoint", choices=["avg", "best", "last"], default="avg", help="the model to test (default: avg)")
+    add(
+        "--time-budget",
+        type=minutes,
+        metavar="MINUTES",
+        help="train for this many minutes, the learning rate annealed to 0 at the end (--lr-scheduler budget), "
+        "instead of until the validation loss plateaus",
+    )
+    add(
+        "--update-budget",
+        type=count,
+        metavar="UPDATES",
+        help="train for this many updates, annealed in the same way (with --time-budget: whichever ends first)",
+    )
+    add(
+        "--precision",
+        choices=["auto", "fp32", "bf16"],
+        default="auto",
+        help="auto (default): bf16 on a CPU that computes it natively, else fp32",
+    )
+    add(
+        "--average-last",
+        type=count,
+        default=recipe.average_last,
+        help=f"average up to N checkpoints from the last {AVERAGE_TAIL * 100:.0f}%% of training (%(default)s)",
+    )
+    add(
+        "--checkpoint",
+        choices=["auto", "avg", "best", "last"],
+        default="auto",
+        help="the model to test; auto (default): the average or checkpoint_best.pt, the lower validation loss",
+    )
     add("--train-args", default="", help='more fairseq-train flags, e.g. "--max-epoch 30 --fp16"; they win')
     add("--generate-args", default="", help='more fairseq-generate flags, e.g. "--lenpen 1.2"')
     add("--workers", type=count, default=min(8, os.cpu_count() or 1), help="threads for data preparation")
@@ -222,10 +255,18 @@ def main(recipe: Recipe, doc: str, argv: Optional[Sequence[str]] = None) -> None
     # 4 -----------------------------------------------------------------------------------------------------
     # an interrupted training resumes from checkpoint_last.pt (fairseq's default --restore-file)
     if stage(f"4/7 fairseq-train --arch {recipe.arch}", ckpt / "train.done"):
+        import torch
+
         ckpt.mkdir(parents=True, exist_ok=True)
+        fastest, notes = training.fastest_flags(recipe.arch, args.train_args, args.precision, torch.cuda.is_available())
+        for note in notes:
+            print(f"   {note}")
+        budget = args.time_budget is not None or args.update_budget is not None
+        if budget and training.given_value(shlex.split(args.train_args), "--max-epoch") not in (None, "0"):
+            print("   warning: --max-epoch in --train-args can end training before the budget, unannealed")
         cmd = train_command() + [
             bin_dir, "--user-dir", USER_DIR, "--arch", recipe.arch, "--source-lang", src, "--target-lang", tgt,
-            *PAPER_OPTIMIZATION, *recipe.train_flags,
+            *recipe.train_flags, *training.optimization_flags(args.time_budget, args.update_budget), *fastest,
             "--save-dir", ckpt, "--keep-last-epochs", max(args.average_last, 1),
             "--skip-invalid-size-inputs-valid-test", "--log-format", "simple", "--log-interval", "100",
             "--seed", "1", *device_flags(), *shlex.split(args.train_args),
@@ -236,28 +277,22 @@ def main(recipe: Recipe, doc: str, argv: Optional[Sequence[str]] = None) -> None
         # works: delete checkpoints/train.done and run again with a larger --max-epoch)
         for stale in [
             ckpt / "checkpoint_avg.pt",
+            ckpt / "chosen.txt",
+            out / "curve.png",
             *out.glob("generate-*.txt"),
             *out.glob("*.hyp"),
             *out.glob("score-*"),
         ]:
             stale.unlink(missing_ok=True)
 
+    if not (out / "curve.png").exists() and (out / "train.log").exists():
+        arch = training.given_value(shlex.split(args.train_args), "--arch") or recipe.arch
+        write_curve(out, f"{recipe.name} {pair}, {arch}")
+
     # 5 -----------------------------------------------------------------------------------------------------
-    model = {"avg": ckpt / "checkpoint_avg.pt", "best": ckpt / "checkpoint_best.pt"}.get(
-        args.checkpoint, ckpt / "checkpoint_last.pt"
-    )
-    if args.checkpoint == "avg" and stage(f"5/7 average the last {args.average_last} epoch checkpoints", model):
-        import torch  # imported only by the stages that need it: a finished run starts in a blink
-
-        from recipes.average_checkpoints import average_checkpoints, last_epoch_checkpoints
-
-        inputs = last_epoch_checkpoints(ckpt, args.average_last)
-        if not inputs:
-            sys.exit(f"no checkpoint<epoch>.pt in {ckpt} to average (was training run with --no-epoch-checkpoints?)")
-        print(f"   {', '.join(p.name for p in inputs)}")
-        partial = model.with_name(model.name + ".partial")
-        torch.save(average_checkpoints(inputs), partial)
-        partial.rename(model)  # the final name only when complete: an interrupted save is redone
+    model = {"best": ckpt / "checkpoint_best.pt", "last": ckpt / "checkpoint_last.pt"}.get(args.checkpoint)
+    if args.checkpoint in ("avg", "auto"):
+        model = average_and_choose(args, ckpt, bin_dir, src, tgt)
 
     # 6, 7 --------------------------------------------------------------------------------------------------
     summary = []
@@ -299,6 +334,64 @@ def main(recipe: Recipe, doc: str, argv: Optional[Sequence[str]] = None) -> None
         f"--source-lang {src} --target-lang {tgt} --bpe sentencepiece --sentencepiece-model {spm_model}"
         "   (add --cpu on a machine without a GPU)"
     )
+
+
+def write_curve(out: Path, title: str) -> None:
+    """OUT/curve.tsv and OUT/curve.png: validation perplexity against minutes of training, from train.log."""
+    from recipes import curve
+
+    points = curve.read_validation_curve((out / "train.log").read_text(encoding="utf-8", errors="replace"))
+    if not points:
+        print("   no validation in train.log: no curve")
+        return
+    curve.write_curve_tsv(points, out / "curve.tsv")
+    curve.write_curve_png(points, out / "curve.png", title)
+    print(f"   validation curve: {out / 'curve.png'} ({len(points)} points; the numbers in curve.tsv)")
+
+
+def average_and_choose(args, ckpt: Path, bin_dir: Path, src: str, tgt: str) -> Path:
+    """Stage 5: checkpoint_avg.pt, the average of up to ``--average-last`` checkpoints from the final part of
+    training; with ``--checkpoint auto``, that or checkpoint_best.pt, whichever validates lower (the choice and
+    both losses kept in checkpoints/chosen.txt). Returns the model to test."""
+    averaged, best, chosen = ckpt / "checkpoint_avg.pt", ckpt / "checkpoint_best.pt", ckpt / "chosen.txt"
+    done = chosen if args.checkpoint == "auto" else averaged
+    if not stage(f"5/7 average up to {args.average_last} checkpoints from the end of training", done):
+        if args.checkpoint == "avg":
+            return averaged
+        name, _, reason = chosen.read_text(encoding="utf-8").partition("\t")
+        print(f"   testing {reason.strip()}")
+        return ckpt / name
+    import torch  # imported only by the stages that need it: a finished run starts in a blink
+
+    from recipes.average_checkpoints import average_checkpoints
+
+    inputs = final_model.averaging_candidates(ckpt, args.average_last, AVERAGE_TAIL)
+    if not inputs:
+        sys.exit(f"no checkpoint<epoch>.pt or checkpoint_last.pt in {ckpt} to average")
+    print(f"   {', '.join(s.path.name for s in inputs)}")
+    if len(inputs) > 1 or args.checkpoint == "avg":
+        partial = averaged.with_name(averaged.name + ".partial")
+        torch.save(average_checkpoints([s.path for s in inputs]), partial)
+        partial.rename(averaged)  # the final name only when complete: an interrupted save is redone
+    if args.checkpoint == "avg":
+        return averaged
+
+    def validate(path: Path) -> float:
+        cmd = fairseq("validate") + [
+            bin_dir, "--user-dir", USER_DIR, "--path", path, "--task", "translation", "--source-lang", src,
+            "--target-lang", tgt, "--valid-subset", "valid", "--max-tokens", "4000", "--num-workers", "0",
+            "--skip-invalid-size-inputs-valid-test", "--model-overrides", repr({"data": str(bin_dir)}), *device_flags(),
+        ]  # fmt: skip
+        print("$ " + shlex.join(str(c) for c in cmd), flush=True)
+        result = subprocess.run([str(c) for c in cmd], capture_output=True, text=True)
+        if result.returncode != 0:
+            sys.exit(f"fairseq-validate failed on {path}:\n{result.stdout[-3000:]}{result.stderr[-3000:]}")
+        return final_model.validation_loss(result.stdout + result.stderr)
+
+    choice = final_model.choose(averaged if len(inputs) > 1 else None, best, validate, inputs)
+    print(f"   testing {choice.reason}")
+    chosen.write_text(f"{choice.path.name}\t{choice.reason}\n", encoding="utf-8")
+    return choice.path
 
 
 def prepare_raw(recipe: Recipe, args, raw: Path, eval_sets: Sequence[EvalSet]) -> None:

@@ -1,0 +1,101 @@
+"""The training flags a recipe adds to fairseq-train: the paper's optimization, under a time budget when one is
+given, and the plugin's fastest correct path on the device the recipe runs on. Each choice is printed with its
+reason; a flag the user gives in ``--train-args`` wins over the choice.
+"""
+
+import argparse
+import shlex
+from typing import List, Optional, Sequence, Tuple
+
+# The paper's optimization (section 4.2-4.3): Nesterov momentum 0.99, gradient norm clipped at 0.1, the learning
+# rate divided by 10 whenever validation loss stops improving, until it falls below 1e-4; fairseq's recipes add
+# label smoothing 0.1. --lr, --dropout and --max-tokens come from each recipe.
+OPTIMIZER = ["--optimizer", "nag", "--momentum", "0.99", "--clip-norm", "0.1", "--label-smoothing", "0.1"]
+PLATEAU_SCHEDULE = ["--lr-scheduler", "reduce_lr_on_plateau", "--lr-shrink", "0.1", "--stop-min-lr", "1e-4"]
+
+FUSED = "fused_label_smoothed_cross_entropy"
+FAIRSEQ_LOSS = "label_smoothed_cross_entropy"
+_PRECISION_FLAGS = ("--fp16", "--bf16", "--memory-efficient-fp16", "--memory-efficient-bf16")
+
+
+def optimization_flags(time_budget: Optional[float] = None, update_budget: Optional[int] = None) -> List[str]:
+    """The paper's optimizer; its plateau schedule, or with a budget, ``time_budget`` minutes of training or
+    ``update_budget`` updates (whichever ends first when both are given), the plugin's ``--lr-scheduler budget``,
+    which holds the rate and then anneals it to 0 exactly where fairseq stops (``--stop-time-hours``,
+    ``--max-update``), with no epoch limit (fairseq's ``--max-epoch 0``)."""
+    if time_budget is None and update_budget is None:
+        return OPTIMIZER + PLATEAU_SCHEDULE
+    flags = OPTIMIZER + ["--lr-scheduler", "budget", "--max-epoch", "0"]
+    if time_budget is not None:
+        flags += ["--stop-time-hours", f"{time_budget / 60:.6g}"]
+    if update_budget is not None:
+        flags += ["--max-update", str(update_budget)]
+    return flags
+
+
+def given_value(flags: Sequence[str], name: str) -> Optional[str]:
+    """The last value of ``name`` in a list of command-line flags (``--name value`` or ``--name=value``)."""
+    parser = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+    parser.add_argument(name, action="append")
+    known, _ = parser.parse_known_args(list(flags))
+    values = getattr(known, name.lstrip("-").replace("-", "_"))
+    return values[-1] if values else None
+
+
+def cpu_has_bf16() -> bool:
+    """Whether this CPU computes bfloat16 natively (AVX512-BF16 or AMX); elsewhere torch emulates it, slower than
+    fp32."""
+    import torch
+
+    checks = ("_is_avx512_bf16_supported", "_is_amx_tile_supported")
+    return any(getattr(torch.cpu, check, lambda: False)() for check in checks)
+
+
+def fastest_flags(arch: str, train_args: str, precision: str, cuda: bool) -> Tuple[List[str], List[str]]:
+    """The flags of the fastest correct training for ``arch`` on this device, and one line per choice saying why.
+
+    ``precision`` is the recipe's ``--precision``: ``auto``, ``fp32`` or ``bf16``. Measurements behind each choice:
+    examples/multi30k/README.md, "Fastest training by default".
+    """
+    given = shlex.split(train_args)
+    arch = given_value(given, "--arch") or arch
+    flags: List[str] = []
+    notes: List[str] = []
+
+    criterion = given_value(given, "--criterion")
+    if criterion is not None:
+        notes.append(f"criterion: {criterion} (--train-args)")
+    elif cuda:
+        flags += ["--criterion", FAIRSEQ_LOSS]
+        notes.append(f"criterion: {FAIRSEQ_LOSS} (on a GPU the fused criterion is not faster)")
+    elif arch.startswith("convs2s"):
+        flags += ["--criterion", FUSED]
+        notes.append(f"criterion: {FUSED} (fairseq's loss and gradient, without N x V log-probabilities)")
+    else:
+        flags += ["--criterion", FAIRSEQ_LOSS]
+        notes.append(f"criterion: {FAIRSEQ_LOSS} (the fused criterion needs the plugin's convs2s decoder)")
+
+    if any(flag in given for flag in _PRECISION_FLAGS):
+        notes.append("precision: as --train-args says")
+    elif precision == "fp32":
+        notes.append("precision: fp32 (--precision fp32)")
+    elif cuda:
+        if precision == "bf16":
+            flags.append("--bf16")
+            notes.append("precision: bf16 (--precision bf16)")
+        else:
+            notes.append("precision: fp32 (on a GPU, bf16 is not faster at these model sizes)")
+    elif cpu_has_bf16():
+        flags.append("--bf16")
+        notes.append("precision: bf16, fp32 master weights (this CPU computes bfloat16 natively)")
+    elif precision == "bf16":
+        flags.append("--bf16")
+        notes.append("precision: bf16 (--precision bf16), emulated on this CPU: slower than fp32")
+    else:
+        notes.append("precision: fp32 (this CPU has neither AVX512-BF16 nor AMX; bf16 would be emulated, slower)")
+
+    if not cuda:
+        import torch
+
+        notes.append(f"threads: {torch.get_num_threads()}, one per physical core (OMP_NUM_THREADS changes it)")
+    return flags, notes

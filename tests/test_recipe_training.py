@@ -1,0 +1,136 @@
+"""The recipes' training choices, in-process: the flags for a time or update budget, the fastest path per device and
+model (with its reasons), and the choice between the average and the best checkpoint."""
+
+import argparse
+import shlex
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from cli_helpers import REPO_ROOT
+
+sys.path.insert(0, str(REPO_ROOT / "examples"))
+
+from recipes import final_model, pipeline, training  # noqa: E402
+from recipes.final_model import Saved  # noqa: E402
+
+FUSED, FAIRSEQ_LOSS = training.FUSED, training.FAIRSEQ_LOSS
+
+
+def parse(flags):
+    """fairseq-train's view of a flag list: the last value of each flag wins."""
+    parser = argparse.ArgumentParser(allow_abbrev=False)
+    for name in ("--lr-scheduler", "--stop-time-hours", "--max-update", "--max-epoch", "--criterion"):
+        parser.add_argument(name)
+    parser.add_argument("--bf16", action="store_true")
+    known, _ = parser.parse_known_args([str(f) for f in flags])
+    return known
+
+
+def test_budgets_become_the_budget_schedule_and_fairseqs_stopping_flags():
+    plateau = parse(training.optimization_flags())
+    assert plateau.lr_scheduler == "reduce_lr_on_plateau" and plateau.stop_time_hours is None
+    timed = parse(training.optimization_flags(time_budget=30))
+    assert (timed.lr_scheduler, float(timed.stop_time_hours), timed.max_epoch) == ("budget", 0.5, "0")
+    assert timed.max_update is None
+    both = parse(training.optimization_flags(time_budget=12, update_budget=5000))
+    assert (float(both.stop_time_hours), both.max_update) == (0.2, "5000")
+    assert "--lr-shrink" not in training.optimization_flags(update_budget=10)  # budget takes no plateau flags
+
+
+@pytest.mark.parametrize("text", ["0", "-5", "nan"])
+def test_a_budget_must_be_positive(text):
+    with pytest.raises(argparse.ArgumentTypeError):
+        pipeline.minutes(text)
+
+
+def test_given_value_reads_the_last_flag_in_either_spelling():
+    assert training.given_value(shlex.split("--arch a --lr 1 --arch=b"), "--arch") == "b"
+    assert training.given_value(["--lr", "1"], "--arch") is None
+
+
+@pytest.mark.parametrize(
+    "arch, train_args, precision, cuda, has_bf16, criterion, bf16",
+    [
+        ("convs2s_iwslt_de_en", "", "auto", False, True, FUSED, True),
+        ("convs2s_iwslt_de_en", "", "auto", False, False, FUSED, False),  # emulated bf16 is slower: fp32
+        ("convs2s_iwslt_de_en", "", "fp32", False, True, FUSED, False),
+        ("convs2s_iwslt_de_en", "--arch fconv_iwslt_de_en", "auto", False, True, FAIRSEQ_LOSS, True),
+        ("convs2s_iwslt_de_en", "--criterion sequence_risk --bf16", "auto", False, True, None, False),
+        ("convs2s_iwslt_de_en", "", "auto", True, True, FAIRSEQ_LOSS, False),  # a GPU: fp32, fairseq's loss
+        ("convs2s_iwslt_de_en", "", "bf16", True, False, FAIRSEQ_LOSS, True),
+    ],
+)
+def test_the_fastest_flags_and_why(monkeypatch, arch, train_args, precision, cuda, has_bf16, criterion, bf16):
+    monkeypatch.setattr(training, "cpu_has_bf16", lambda: has_bf16)
+    flags, notes = training.fastest_flags(arch, train_args, precision, cuda)
+    assert training.given_value(flags, "--criterion") == criterion  # None: the user's own --criterion stands
+    assert ("--bf16" in flags) == bf16
+    assert notes[0].startswith("criterion: ") and notes[1].startswith("precision: ")
+    assert any(n.startswith("threads: ") for n in notes) != cuda
+    if not has_bf16 and not cuda and precision == "auto":
+        assert "neither AVX512-BF16 nor AMX" in notes[1]
+
+
+def test_cpu_has_bf16_asks_torch():
+    expected = torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported()
+    assert training.cpu_has_bf16() == expected
+
+
+def fake_checkpoint(path: Path, num_updates: int, value: float) -> None:
+    state = {"model": {"w": torch.full((2,), value)}, "optimizer_history": [{"num_updates": num_updates}]}
+    torch.save(state, path)
+
+
+def test_averaging_takes_checkpoints_from_the_end_of_training_only(tmp_path):
+    for epoch in range(1, 9):
+        fake_checkpoint(tmp_path / f"checkpoint{epoch}.pt", 100 * epoch, epoch)
+    fake_checkpoint(tmp_path / "checkpoint_best.pt", 800, 8)
+    # a run stopped by its time budget mid-epoch 9: checkpoint_last.pt is newer than every epoch checkpoint
+    fake_checkpoint(tmp_path / "checkpoint_last.pt", 850, 9)
+    found = final_model.averaging_candidates(tmp_path, last=5, tail=0.25)
+    assert [(s.path.name, s.num_updates) for s in found] == [
+        ("checkpoint7.pt", 700),
+        ("checkpoint8.pt", 800),
+        ("checkpoint_last.pt", 850),
+    ]  # 637.5 updates and later; epochs 1-6 are from before
+    assert [s.path.name for s in final_model.averaging_candidates(tmp_path, last=2, tail=1.0)] == [
+        "checkpoint8.pt",
+        "checkpoint_last.pt",
+    ]
+    # an end-of-epoch stop: checkpoint_last.pt is a copy of the last epoch's, not another candidate
+    fake_checkpoint(tmp_path / "checkpoint_last.pt", 800, 8)
+    assert [s.path.name for s in final_model.averaging_candidates(tmp_path, last=5, tail=0.25)] == [
+        "checkpoint6.pt",
+        "checkpoint7.pt",
+        "checkpoint8.pt",
+    ]  # 600 updates and later
+    assert final_model.averaging_candidates(tmp_path / "missing", last=5, tail=0.25) == []
+
+
+def test_the_lower_validation_loss_wins_and_the_reason_says_so(tmp_path):
+    averaged, best = tmp_path / "checkpoint_avg.pt", tmp_path / "checkpoint_best.pt"
+    inputs = [Saved(tmp_path / "checkpoint7.pt", 700), Saved(tmp_path / "checkpoint8.pt", 800)]
+    losses = {averaged: 3.5, best: 3.6}
+    choice = final_model.choose(averaged, best, losses.__getitem__, inputs)
+    assert choice.path == averaged
+    assert choice.reason == (
+        "checkpoint_avg.pt (validation loss 3.5000 for the average of checkpoint7.pt, checkpoint8.pt; "
+        "3.6000 for checkpoint_best.pt)"
+    )
+    losses[averaged] = 3.7  # an average that would hurt is not taken
+    assert final_model.choose(averaged, best, losses.__getitem__, inputs).path == best
+
+    def never(path):
+        raise AssertionError("nothing to validate with one candidate")
+
+    alone = final_model.choose(None, best, never, inputs[:1])
+    assert alone.path == best and "nothing to average" in alone.reason
+
+
+def test_validation_loss_is_read_from_fairseq_validates_output():
+    output = "2026-11-26 | INFO | valid | valid on 'valid' subset | loss 4.35 | nll_loss 2.88 | ppl 7.36 | wps 1\n"
+    assert final_model.validation_loss(output) == 4.35
+    with pytest.raises(ValueError, match="no validation loss"):
+        final_model.validation_loss("Traceback ...")
