@@ -1,6 +1,7 @@
 """Where one model's time goes, operator by operator: ``torch.profiler`` over training updates or a generation run.
 
-``python -m benchmarks.profile [--impl convs2s|fconv] [--size iwslt|wmt_en_de] [--what train|generate]`` builds
+``python -m benchmarks.profile [--impl convs2s|fconv] [--size iwslt|wmt_en_de] [--what train|generate]
+[--dtype bf16] [--fused-loss] [--threads N]`` builds
 the pair of ``benchmarks.pair`` (same weights), warms up, then profiles ``--runs`` training updates (64 x 26
 target tokens, as the harness) or beam-5 generation runs (``--batch`` sentences a batch, 8 sentences), and
 prints the operators by self CPU time, per update or run. The profiler adds its own overhead, so the totals
@@ -23,7 +24,12 @@ def main(argv=None) -> None:
     p.add_argument("--batch", type=int, default=1, help="sentences per generation batch")
     p.add_argument("--runs", type=int, default=3)
     p.add_argument("--rows", type=int, default=20)
+    p.add_argument("--dtype", choices=("fp32", "bf16"), default="fp32", help="train: bf16 as fairseq's --bf16")
+    p.add_argument("--fused-loss", action="store_true", help="train: the loss by the plugin's fused criterion")
+    p.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     args = p.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
     cpu = torch.device("cpu")
     size = SIZES[args.size]
     dictionary = make_dictionary(size.vocab)
@@ -31,7 +37,8 @@ def main(argv=None) -> None:
     model = convs2s if args.impl == "convs2s" else fconv
     if args.what == "train":
         sample = measure.train_sample(dictionary, 64, 25, cpu)
-        run = measure.TrainStep(model, sample, dictionary.pad())
+        dtype = torch.bfloat16 if args.dtype == "bf16" else torch.float32
+        run = measure.TrainStep(model, sample, dictionary.pad(), dtype, fused_loss=args.fused_loss)
     else:
         model = measure.prepare_for_generation(model, 5)  # as fairseq-generate prepares it
         samples = measure.source_batches(dictionary, 8, 25, args.batch, cpu)
@@ -40,7 +47,7 @@ def main(argv=None) -> None:
     with torch.profiler.profile() as prof:
         for _ in range(args.runs):
             run()
-    print_operators(prof, f"{args.impl}, {args.size} size, {args.what}", args.runs, args.rows)
+    print_operators(prof, f"{args.impl}, {args.size} size, {args.what}, {args.dtype}", args.runs, args.rows)
 
 
 def print_operators(prof, title: str, runs: int, rows: int) -> None:

@@ -93,7 +93,7 @@ def main(argv=None):
             for threads in thread_counts:
                 for name in variants if round_ % 2 == 0 else variants[::-1]:
                     cmd, notes = command(args.data, name, args.updates, args.log_interval, tmp, args.train_args)
-                    if round_ == 0:
+                    if round_ == 0 and threads == thread_counts[0]:
                         print(f"{name}: {'; '.join(n for n in notes if not n.startswith('threads'))}", flush=True)
                     wps = words_per_second(cmd, threads)
                     runs[threads, name].append(wps)

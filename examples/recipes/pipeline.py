@@ -254,7 +254,8 @@ def main(recipe: Recipe, doc: str, argv: Optional[Sequence[str]] = None) -> None
 
     # 4 -----------------------------------------------------------------------------------------------------
     # an interrupted training resumes from checkpoint_last.pt (fairseq's default --restore-file)
-    if stage(f"4/7 fairseq-train --arch {recipe.arch}", ckpt / "train.done"):
+    arch = training.given_value(shlex.split(args.train_args), "--arch") or recipe.arch  # --train-args win
+    if stage(f"4/7 fairseq-train --arch {arch}", ckpt / "train.done"):
         import torch
 
         ckpt.mkdir(parents=True, exist_ok=True)
@@ -286,7 +287,6 @@ def main(recipe: Recipe, doc: str, argv: Optional[Sequence[str]] = None) -> None
             stale.unlink(missing_ok=True)
 
     if not (out / "curve.png").exists() and (out / "train.log").exists():
-        arch = training.given_value(shlex.split(args.train_args), "--arch") or recipe.arch
         write_curve(out, f"{recipe.name} {pair}, {arch}")
 
     # 5 -----------------------------------------------------------------------------------------------------
