@@ -80,10 +80,14 @@ class BudgetSchedule(FairseqLRScheduler):
         )
         self.optimizer.set_lr(self.base_lr)
 
+    def _local_seconds(self) -> float:
+        """Seconds this process and the runs it resumed have trained, by this rank's clock."""
+        return self._previous_seconds + self.clock() - self._started
+
     def elapsed_seconds(self) -> float:
         """Seconds trained so far, the same (mean) figure on every rank of a distributed run, so that all ranks
         step with one rate, as fairseq's own ``--stop-time-hours`` clock is averaged over ranks."""
-        seconds = self._previous_seconds + self.clock() - self._started
+        seconds = self._local_seconds()
         if torch.distributed.is_available() and torch.distributed.is_initialized():
             world = torch.distributed.get_world_size()
             if world > 1:
@@ -120,7 +124,7 @@ class BudgetSchedule(FairseqLRScheduler):
         return self._set()
 
     def state_dict(self):
-        return {"best": self.best, "elapsed_seconds": self._previous_seconds + self.clock() - self._started}
+        return {"best": self.best, "elapsed_seconds": self._local_seconds()}
 
     def load_state_dict(self, state_dict):
         super().load_state_dict(state_dict)

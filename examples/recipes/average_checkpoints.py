@@ -36,7 +36,8 @@ def last_epoch_checkpoints(folder: Path, n: int) -> List[Path]:
     return epoch_checkpoints(folder)[-n:]
 
 
-def _load(path: Path) -> dict:
+def load_checkpoint(path: Path) -> dict:
+    """A fairseq checkpoint's state on the CPU; ValueError naming the file when it is missing or not one."""
     # fairseq pickles an argparse.Namespace into its checkpoints; allow-listing it (what importing the plugin
     # does, without the seconds that importing fairseq takes) lets the safe loader of torch >= 2.6 read them
     add_safe_globals = getattr(torch.serialization, "add_safe_globals", None)
@@ -64,7 +65,7 @@ def average_checkpoints(inputs: Sequence[Path]) -> dict:
     sums = None
     state = None
     for path in inputs:
-        state = _load(path)
+        state = load_checkpoint(path)
         model = state["model"]
         if sums is None:
             sums = {k: v.double() if v.is_floating_point() else v for k, v in model.items()}

@@ -7,14 +7,11 @@ the last N epochs can reach back to under-trained weights. So only checkpoints f
 single checkpoint, both in fp32 with the checkpoint's own criterion.
 """
 
-import argparse
 import re
 from pathlib import Path
 from typing import Callable, List, NamedTuple, Optional
 
-import torch
-
-from recipes.average_checkpoints import epoch_checkpoints
+from recipes.average_checkpoints import epoch_checkpoints, load_checkpoint
 
 _VALID_LOSS = re.compile(r"valid on '[^']*' subset \| loss ([0-9.]+) \| nll_loss ([0-9.]+)")
 
@@ -28,9 +25,7 @@ class Saved(NamedTuple):
 
 def num_updates_of(path: Path) -> int:
     """The number of updates a fairseq checkpoint was saved after."""
-    torch.serialization.add_safe_globals([argparse.Namespace])
-    state = torch.load(path, map_location="cpu")
-    return int(state["optimizer_history"][-1]["num_updates"])
+    return int(load_checkpoint(path)["optimizer_history"][-1]["num_updates"])
 
 
 def averaging_candidates(folder: Path, last: int, tail: float) -> List[Saved]:
