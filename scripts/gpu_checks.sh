@@ -9,6 +9,8 @@
 #   scripts/gpu_checks.sh budget   # the Multi30k recipe under update budgets, six runs at once: the anneal fraction
 #                                  # of --lr-scheduler budget, the plateau schedule cut at the same update count,
 #                                  # and the recipe's defaults to convergence (UPDATES=3000 2000 by default)
+#   scripts/gpu_checks.sh seeds    # the recipe's defaults against --update-budget UPDATES (3500), three seeds each,
+#                                  # each scored with checkpoint_best.pt and with the average
 #   scripts/gpu_checks.sh forms    # benchmarks.train_forms: the compiled update against the eager one, bf16 and fp32
 #   scripts/gpu_checks.sh memory   # benchmarks.checkpoint_activations: --checkpoint-activations' memory and time,
 #                                  # the harness's batch and a 256 x 101-token one (DEVICE=cpu: on the CPU);
@@ -19,7 +21,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
-STAGE=${1:?usage: scripts/gpu_checks.sh bench|distributed|recipe|budget|forms|memory|runtime}
+STAGE=${1:?usage: scripts/gpu_checks.sh bench|distributed|recipe|budget|seeds|forms|memory|runtime}
 KIT=${KIT:-.gpu_kit}
 OUT=${OUT:-gpu_out}
 PY=${PY:-python3}
@@ -102,6 +104,26 @@ case "$STAGE" in
     recipe "anneal0.5_$small" --update-budget "$small" --train-args "--anneal-fraction 0.5"
     wait
     ;;
+  seeds)  # the recipe's defaults and --update-budget UPDATES (3500), three seeds each, six runs at once; each
+    # run's test score for checkpoint_best.pt and for the average besides the one its choice tested
+    recipe() {  # recipe NAME SEED ARGS...
+      local name=$1 seed=$2
+      shift 2
+      (
+        for checkpoint in auto best avg; do
+          timeout 500 "$PY" examples/multi30k/run.py --raw-dir "$KIT/multi30k" --out "/tmp/seeds/$name" --workers 2 \
+            --checkpoint "$checkpoint" --train-args "--seed $seed" "$@" >>"$OUT/$name.log" 2>&1
+        done
+        echo "[gpu_checks] $name: $(cut -f1 "/tmp/seeds/$name/checkpoints/chosen.txt") chosen;" \
+          "$(grep -h '^test (' "$OUT/$name.log" | tr '\n' ' ')"
+      ) &
+    }
+    for seed in 1 2 3; do
+      recipe "default_seed$seed" "$seed"
+      recipe "budget${UPDATES:-3500}_seed$seed" "$seed" --update-budget "${UPDATES:-3500}"
+    done
+    wait
+    ;;
   forms)
     for dtype in bf16 fp32; do
       step "forms_$dtype" 280 "$PY" -m benchmarks.train_forms --device cuda --variants torch-compile,fairseq-loss \
@@ -118,7 +140,7 @@ case "$STAGE" in
       --json "$OUT/checkpoint_activations_big.json"
     ;;
   *)
-    echo "unknown stage $STAGE: bench, distributed, recipe, budget, forms, memory or runtime" >&2
+    echo "unknown stage $STAGE: bench, distributed, recipe, budget, seeds, forms, memory or runtime" >&2
     exit 2
     ;;
 esac

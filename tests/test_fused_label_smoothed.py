@@ -57,6 +57,45 @@ def test_loss_and_gradient_equal_fairseqs(epsilon, chunk_bytes, monkeypatch):
         assert grad_b[[0, 5, 36]].abs().max() == 0
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64])
+@pytest.mark.parametrize("chunk_bytes", [64, 1 << 19])  # one row per chunk, and all rows in one chunk
+@pytest.mark.parametrize("epsilon", [0.0, 0.1])
+def test_the_criterions_loss_of_logits_takes_its_gradient_in_the_forward(dtype, chunk_bytes, epsilon, monkeypatch):
+    """``loss_of_logits`` (the criterion's path for logits: bf16 on a CPU, any dtype on a GPU) computes the
+    gradient with the loss: fairseq's loss, NLL and gradient, in the logits' dtype, scaled by the loss's gradient
+    (1 in fairseq's bf16 training, where it leaves as computed); the logits untouched; padding rows give nothing;
+    with gradients off the same loss; a second backward through it is refused (the gradient is not kept)."""
+    monkeypatch.setattr(label_smoothed_loss, "CHUNK_BYTES", chunk_bytes)
+    torch.manual_seed(5)
+    logits = (torch.randn(37, 50, dtype=torch.float64) * 3).to(dtype)
+    target = torch.randint(2, 50, (37,))
+    target[[0, 5, 36]] = PAD
+    targets = ProjectedLossTargets(target, epsilon, PAD)
+    x = logits.double().clone().requires_grad_()
+    lprobs = torch.log_softmax(x, dim=-1)  # fp64 throughout
+    expected, expected_nll = label_smoothed_nll_loss(lprobs, target.unsqueeze(1), epsilon, ignore_index=PAD)
+    expected.backward()
+    tolerance = {"rtol": 1e-5, "atol": 1e-4} if dtype != torch.float64 else {"rtol": 1e-12, "atol": 1e-12}
+    for scale in (1.0, 2.5):
+        y = logits.clone().requires_grad_()
+        out = loss_of_logits(y, targets)
+        (scale * out.loss).backward()
+        compute = torch.float64 if dtype == torch.float64 else torch.float32
+        assert out.loss.dtype == out.nll_loss.dtype == compute and y.grad.dtype == dtype
+        assert not out.nll_loss.requires_grad
+        torch.testing.assert_close(out.loss, expected.to(compute), **tolerance)
+        torch.testing.assert_close(out.nll_loss, expected_nll.to(compute), **tolerance)
+        torch.testing.assert_close(y.grad, (scale * x.grad).to(dtype))  # dtype's own tolerances
+        assert torch.equal(y.detach(), logits) and y.grad[[0, 5, 36]].abs().max() == 0
+    with torch.no_grad():
+        torch.testing.assert_close(loss_of_logits(logits, targets).loss, out.loss)
+    assert torch.equal(y.detach(), logits)
+    out = loss_of_logits(logits.clone().requires_grad_(), targets)
+    out.loss.backward(retain_graph=True)
+    with pytest.raises(RuntimeError, match="taken once already"):
+        out.loss.backward()
+
+
 def test_rows_go_in_cache_sized_chunks_on_a_cpu_and_in_one_elsewhere(monkeypatch):
     # on a GPU each chunk costs kernel launches: chunked, an update on an H200 ran 0.58x as fast as with fairseq's loss
     monkeypatch.setattr(label_smoothed_loss, "CHUNK_BYTES", 4 * 50 * 8)  # 8 rows of 50 fp32 logits

@@ -10,7 +10,9 @@ The loss and its gradient follow from the logits x and each row's log-sum-exp al
     dloss_i / dx_ij = (1 - eps - eps_i + V * eps_i) * p_ij - eps_i - (1 - eps - eps_i) * [j = t_i]
 
 so the forward reads the logits once and the backward writes the gradient once, on a CPU a few rows at a time
-(cache-sized chunks) so the passes within a chunk hit the cache; on a GPU all rows at once.
+(cache-sized chunks) so the passes within a chunk hit the cache; on a GPU all rows at once. The criterion's summed
+loss takes its gradient in the forward, from the same softmax as its value (``loss_of_logits``); sequence-level
+training, which differentiates each row's NLL, takes it in the backward (``label_smoothed_nll_loss_from_logits``).
 """
 
 from typing import NamedTuple, Optional, Tuple
@@ -72,6 +74,67 @@ class _LabelSmoothedFromLogits(torch.autograd.Function):
         on_target_grad = -(on_target * g + g_nll)  # N: the coefficient of [j = t_i]
         grad.scatter_add_(1, target.clamp(min=0).unsqueeze(1), on_target_grad.to(grad.dtype).unsqueeze(1))
         return grad, None, None, None
+
+
+class _SummedLabelSmoothedFromLogits(torch.autograd.Function):
+    """The summed label-smoothed loss of logits (N x V, any float dtype) and its NLL (no gradient), the loss's
+    gradient taken in the same pass as its value.
+
+    A chunk of rows at a time: the rows in fp32, their softmax in place (one exponential per logit), the loss's
+    terms, then the gradient (the formula in the module's docstring, with g = 1) written in the logits' dtype.
+    The backward scales it by the loss's gradient, a scalar; with fairseq's unscaled bf16 loss that scalar is 1
+    and the gradient leaves as it is. Against :class:`_LabelSmoothedFromLogits` (the log-sum-exp in the forward,
+    the softmax again in the backward) this is one exponential per logit instead of two and one read of the
+    logits instead of two; the logits themselves are not kept.
+    """
+
+    @staticmethod
+    def forward(ctx, logits: Tensor, target: Tensor, epsilon: float, ignore_index: int):
+        n, vocab = logits.shape
+        eps_i, on_target = _smoothing_weights(epsilon, vocab)
+        compute = _compute_dtype(logits)
+        keep = target.ne(ignore_index)  # N
+        target = target.clamp(min=0).unsqueeze(1)  # N x 1 (an ignored row may hold a negative index)
+        target_logit = logits.gather(1, target).squeeze(1).to(compute)  # N
+        with_grad = ctx.needs_input_grad[0]
+        grad = torch.empty_like(logits) if with_grad else None  # N x V
+        lse = logits.new_empty(n, dtype=compute)  # N: log sum_j exp x_ij
+        row_sum = logits.new_empty(n, dtype=compute)  # N: sum_j x_ij
+        in_place = with_grad and logits.dtype == compute  # the softmax written into grad, else into a fp32 copy
+        for start, end in _chunks(n, vocab, logits.device):
+            z = logits[start:end]  # rows x V
+            x = z.to(compute, copy=not in_place)  # rows x V: the logits, or a fp32 copy in the cache
+            torch.sum(x, dim=-1, out=row_sum[start:end])
+            row_max = x.amax(-1)  # rows
+            # softmax's own kernel, in place when it may be (a row's maximum is read before any of it is written)
+            p = torch.ops.aten._softmax.out(x, -1, False, out=grad[start:end] if in_place else x)  # rows x V: p_ij
+            # at the row's maximum p = 1 / sum_j exp(x_ij - max_i), so -log of p's maximum is that sum's log
+            torch.sub(row_max, p.amax(-1).log(), out=lse[start:end])
+            if not with_grad:
+                continue
+            # d loss / d x_ij = (on_target + V eps_i) p_ij - eps_i - on_target [j = t_i]: scalar passes
+            p.mul_(on_target + vocab * eps_i).sub_(eps_i)
+            p.scatter_add_(1, target[start:end], p.new_full((end - start, 1), -on_target))
+            if not in_place:
+                grad[start:end] = p
+        nll = (lse - target_logit) * keep
+        smooth = (vocab * lse - row_sum) * keep
+        if with_grad and not bool(keep.all()):
+            grad.masked_fill_(~keep.unsqueeze(1), 0)  # an ignored row gives no gradient
+        ctx.grad = grad  # kept until the backward, which releases it
+        loss = (on_target * nll + eps_i * smooth).sum()
+        nll_loss = nll.sum()
+        ctx.mark_non_differentiable(nll_loss)
+        return loss, nll_loss
+
+    @staticmethod
+    def backward(ctx, grad_loss: Tensor, unused: Tensor):
+        grad, ctx.grad = ctx.grad, None
+        if grad is None:
+            raise RuntimeError("the fused loss's gradient was taken once already (it is not kept: retain_graph)")
+        if grad_loss.device.type == "cpu" and bool(grad_loss == 1):  # fairseq's bf16 and fp32 losses: unscaled
+            return grad, None, None, None
+        return grad.mul_(grad_loss.to(grad.dtype)), None, None, None
 
 
 def _smoothing_weights(epsilon: float, vocab: int) -> Tuple[float, float]:
@@ -234,9 +297,12 @@ def projected_label_smoothed_loss(
 
 
 def loss_of_logits(logits: Tensor, targets: ProjectedLossTargets) -> ProjectedLoss:
-    """The :class:`ProjectedLoss` of given logits (N x V) through :func:`label_smoothed_nll_loss_from_logits`."""
-    loss, nll_loss = label_smoothed_nll_loss_from_logits(logits, targets.target, targets.epsilon, targets.ignore_index)
+    """The :class:`ProjectedLoss` of given logits (N x V), its gradient taken with its value
+    (:class:`_SummedLabelSmoothedFromLogits`)."""
+    loss, nll_loss = _SummedLabelSmoothedFromLogits.apply(
+        logits.contiguous(), targets.target.contiguous(), targets.epsilon, targets.ignore_index
+    )
     n_correct = None
     if targets.count_correct:
         n_correct = (logits.argmax(1).eq(targets.target) & targets.target.ne(targets.ignore_index)).sum()
-    return ProjectedLoss(loss, nll_loss.detach(), n_correct)
+    return ProjectedLoss(loss, nll_loss, n_correct)
