@@ -119,8 +119,11 @@ class _SummedLabelSmoothedFromLogits(torch.autograd.Function):
                 grad[start:end] = p
         nll = (lse - target_logit) * keep
         smooth = (vocab * lse - row_sum) * keep
-        if with_grad and not bool(keep.all()):
-            grad.masked_fill_(~keep.unsqueeze(1), 0)  # an ignored row gives no gradient
+        if with_grad:  # an ignored row gives no gradient
+            if logits.device.type != "cpu":
+                grad.masked_fill_(~keep.unsqueeze(1), 0)  # (no wait for the device, as a test of keep would be)
+            elif not bool(keep.all()):
+                grad[~keep] = 0  # those rows alone
         ctx.grad = grad  # kept until the backward, which releases it
         loss = (on_target * nll + eps_i * smooth).sum()
         nll_loss = nll.sum()
