@@ -254,7 +254,8 @@ def main(recipe: Recipe, doc: str, argv: Optional[Sequence[str]] = None) -> None
 
     # 4 -----------------------------------------------------------------------------------------------------
     # an interrupted training resumes from checkpoint_last.pt (fairseq's default --restore-file)
-    arch = training.given_value(shlex.split(args.train_args), "--arch") or recipe.arch  # --train-args win
+    train_args = shlex.split(args.train_args)
+    arch = training.given_value(train_args, "--arch") or recipe.arch  # --train-args win
     if stage(f"4/7 fairseq-train --arch {arch}", ckpt / "train.done"):
         import torch
 
@@ -263,14 +264,14 @@ def main(recipe: Recipe, doc: str, argv: Optional[Sequence[str]] = None) -> None
         for note in notes:
             print(f"   {note}")
         budget = args.time_budget is not None or args.update_budget is not None
-        if budget and training.given_value(shlex.split(args.train_args), "--max-epoch") not in (None, "0"):
+        if budget and training.given_value(train_args, "--max-epoch") not in (None, "0"):
             print("   warning: --max-epoch in --train-args can end training before the budget, unannealed")
         cmd = train_command() + [
             bin_dir, "--user-dir", USER_DIR, "--arch", recipe.arch, "--source-lang", src, "--target-lang", tgt,
             *recipe.train_flags, *training.optimization_flags(args.time_budget, args.update_budget), *fastest,
             "--save-dir", ckpt, "--keep-last-epochs", max(args.average_last, 1),
             "--skip-invalid-size-inputs-valid-test", "--log-format", "simple", "--log-interval", "100",
-            "--seed", "1", *device_flags(), *shlex.split(args.train_args),
+            "--seed", "1", *device_flags(), *train_args,
         ]  # fmt: skip
         timed("train", run, cmd, log=out / "train.log", append=True)
         (ckpt / "train.done").touch()

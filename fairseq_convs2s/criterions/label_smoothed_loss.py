@@ -105,16 +105,10 @@ class _SummedLabelSmoothedFromLogits(torch.autograd.Function):
             z = logits[start:end]  # rows x V
             x = z.to(compute, copy=not in_place)  # rows x V: the logits, or a fp32 copy in the cache
             torch.sum(x, dim=-1, out=row_sum[start:end])
-            row_max = x.amax(-1)  # rows
-            # softmax's own kernel, in place when it may be (a row's maximum is read before any of it is written)
-            p = torch.ops.aten._softmax.out(x, -1, False, out=grad[start:end] if in_place else x)  # rows x V: p_ij
-            # at the row's maximum p = 1 / sum_j exp(x_ij - max_i), so -log of p's maximum is that sum's log
-            torch.sub(row_max, p.amax(-1).log(), out=lse[start:end])
+            p, lse[start:end] = _softmax_and_lse(x, out=grad[start:end] if in_place else x)  # rows x V, rows
             if not with_grad:
                 continue
-            # d loss / d x_ij = (on_target + V eps_i) p_ij - eps_i - on_target [j = t_i]: scalar passes
-            p.mul_(on_target + vocab * eps_i).sub_(eps_i)
-            p.scatter_add_(1, target[start:end], p.new_full((end - start, 1), -on_target))
+            _loss_gradient_from_softmax_(p, target[start:end], eps_i, on_target)
             if not in_place:
                 grad[start:end] = p
         nll = (lse - target_logit) * keep
@@ -138,6 +132,25 @@ class _SummedLabelSmoothedFromLogits(torch.autograd.Function):
         if grad_loss.device.type == "cpu" and bool(grad_loss == 1):  # fairseq's bf16 and fp32 losses: unscaled
             return grad, None, None, None
         return grad.mul_(grad_loss.to(grad.dtype)), None, None, None
+
+
+def _softmax_and_lse(x: Tensor, out: Tensor) -> Tuple[Tensor, Tensor]:
+    """The softmax of the rows of x (rows x V, fp32 or fp64) written into ``out`` (x itself may be: softmax's own
+    kernel reads a row's maximum before it writes any of the row; 0.9 ms a 256-row chunk against 1.2 for
+    subtracting the maximum, exp_ and a sum), and each row's log-sum-exp (rows), from one exponential per logit."""
+    row_max = x.amax(-1)  # rows
+    p = torch.ops.aten._softmax.out(x, -1, False, out=out)  # rows x V: p_ij
+    # at the row's maximum p = exp(0) / sum_j exp(x_ij - max_i), so -log of p's maximum is that sum's log
+    return p, row_max - p.amax(-1).log()
+
+
+def _loss_gradient_from_softmax_(p: Tensor, target: Tensor, eps_i: float, on_target: float) -> None:
+    """p (rows x V, a softmax) becomes, in place, the gradient of fairseq's label-smoothed loss for a row
+    gradient g = 1: (on_target + V eps_i) p_ij - eps_i - on_target [j = t_i]; target: rows x 1. Scalar passes (an
+    addcmul of rows x 1 factors broadcast took 5x as long)."""
+    vocab = p.size(1)
+    p.mul_(on_target + vocab * eps_i).sub_(eps_i)
+    p.scatter_add_(1, target, p.new_full((p.size(0), 1), -on_target))
 
 
 def _smoothing_weights(epsilon: float, vocab: int) -> Tuple[float, float]:
@@ -233,20 +246,12 @@ class _ProjectedLabelSmoothed(torch.autograd.Function):
             row_sum = z.sum(-1)  # rows: sum_j x_ij
             if count_correct:
                 correct[rows] = z.argmax(-1).eq(tc.squeeze(1)) & kc
-            row_max = z.amax(-1)  # rows
-            # softmax's own kernel over the logits, in place (row by row: a row's maximum is read before any of
-            # it is written): 0.9 ms a 256-row chunk against 1.2 for subtracting the maximum, exp_ and a sum
-            p = torch.ops.aten._softmax.out(z, -1, False, out=z)  # rows x V: p_ij, in z's memory
-            # at the row's maximum p = exp(0) / sum_j exp(x_ij - max_i), so -log of p's maximum is that sum's log
-            lse = row_max - p.amax(-1).log()  # rows: log sum_j exp x_ij
+            p, lse = _softmax_and_lse(z, out=z)  # rows x V: p_ij, in z's memory; rows: log sum_j exp x_ij
             nll[rows] = (lse - target_logit) * kc
             smooth[rows] = (vocab * lse - row_sum) * kc
             if not with_grad:
                 continue
-            # p becomes d loss / d logits = (on_target + V eps_i) g p_ij - eps_i g - on_target g [j = t_i], with
-            # g = 1 on a counted row: scalar passes (an addcmul of rows x 1 factors broadcast took 5x as long)
-            p.mul_(on_target + vocab * eps_i).sub_(eps_i)
-            p.scatter_add_(1, tc, p.new_full((p.size(0), 1), -on_target))
+            _loss_gradient_from_softmax_(p, tc, eps_i, on_target)  # g = 1 on a counted row
             if not bool(kc.all()):
                 p.mul_(kc.unsqueeze(1))  # g = 0: an ignored row gives no gradient
             grad_x[rows] = onednn_linear(p, w_backward, None) if onednn else p.mm(weight)  # rows x d
