@@ -1,5 +1,6 @@
 """The model as the paper states it: incremental decoding, causality, padding, scaling, initialization."""
 
+import argparse
 import math
 
 import pytest
@@ -379,6 +380,62 @@ def test_shared_input_output_embeddings():
     assert model.decoder.output_projection.weight is model.decoder.embed_tokens.weight
     with pytest.raises(ValueError, match="decoder-out-embed-dim"):
         build_model("convs2s_iwslt_de_en", share_input_output_embed=True, decoder_out_embed_dim=7)
+
+
+def test_all_embeddings_shared():
+    """--share-all-embeddings: one table (one parameter) for the source tokens, the target tokens and the output
+    projection; the model decodes step by step as in a full pass."""
+    seed_all(0)
+    model = build_model("convs2s_iwslt_de_en", share_all_embeddings=True)
+    table = model.encoder.embed_tokens.weight
+    assert model.decoder.embed_tokens.weight is table and model.decoder.output_projection.weight is table
+    separate = build_model("convs2s_iwslt_de_en", share_input_output_embed=True)
+    counts = [sum(p.numel() for p in m.parameters()) for m in (model, separate)]
+    assert counts[1] - counts[0] == table.numel()
+    d = model.encoder.dictionary
+    src = random_batch(d, [5, 7], seed=1)
+    prev = random_batch(d, [6, 6], seed=2, left_pad=False)
+    model.eval()
+    with torch.no_grad():
+        steps, full = incremental_log_probs(model, src, prev), full_log_probs(model, src, prev)
+    torch.testing.assert_close(steps, full, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize(
+    "flags, message",
+    [
+        ({"decoder_out_embed_dim": 7}, r"--share-all-embeddings needs --decoder-out-embed-dim \(7\)"),
+        ({"decoder_embed_path": "vectors.txt"}, "reads pre-trained vectors from --encoder-embed-path only"),
+    ],
+)
+def test_sharing_all_embeddings_refuses_what_two_tables_would_need(flags, message):
+    with pytest.raises(ValueError, match=message):
+        build_model("convs2s_iwslt_de_en", share_all_embeddings=True, **flags)
+
+
+def test_sharing_all_embeddings_needs_a_joined_dictionary():
+    from types import SimpleNamespace
+
+    from fairseq_convs2s.models.convs2s import ConvS2SModel
+
+    args = argparse.Namespace(share_all_embeddings=True, encoder_layers="[(8, 3)]", decoder_layers="[(8, 3)]")
+    args.encoder_embed_dim = args.decoder_embed_dim = args.decoder_out_embed_dim = 8
+    task = SimpleNamespace(source_dictionary=make_dictionary(20), target_dictionary=make_dictionary(21))
+    with pytest.raises(ValueError, match="one dictionary for both languages.*--joined-dictionary"):
+        ConvS2SModel.build_model(args, task)
+
+
+def test_a_checkpoint_with_two_tables_does_not_load_into_one():
+    """Two different tables loaded into a model of one would overwrite each other; equal ones load."""
+    seed_all(0)
+    separate = build_model("convs2s_iwslt_de_en", share_input_output_embed=True)
+    shared = build_model("convs2s_iwslt_de_en", share_all_embeddings=True)
+    with pytest.raises(ValueError, match="separate source and target embeddings.*without the flag"):
+        shared.load_state_dict(separate.state_dict())
+    seed_all(1)
+    again = build_model("convs2s_iwslt_de_en", share_all_embeddings=True)
+    again.load_state_dict(shared.state_dict())
+    assert torch.equal(again.encoder.embed_tokens.weight, shared.decoder.output_projection.weight)
 
 
 @pytest.mark.parametrize(

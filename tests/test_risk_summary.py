@@ -55,3 +55,20 @@ def test_finetunes_missing_checkpoint_or_file_as_out_are_usage_errors(tmp_path):
         result = subprocess.run([sys.executable, str(FINETUNE), *args], capture_output=True, text=True, timeout=60)
         assert result.returncode == 2 and re.search(message, result.stderr), result.stderr
         assert "Traceback" not in result.stderr and not (tmp_path / "out").exists()
+
+
+def test_finetune_carries_every_flag_that_shapes_the_model():
+    """finetune.py rebuilds a checkpoint's model from the flags it names: each field of the model's config must be
+    among them (the embedding files and --checkpoint-activations change no weight), or a checkpoint trained with
+    it would be rebuilt as another model."""
+    import dataclasses
+    import importlib.util
+
+    from fairseq_convs2s.models.config import ConvS2SConfig
+
+    spec = importlib.util.spec_from_file_location("risk_finetune", FINETUNE)
+    finetune = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(finetune)
+    fields = {f.name for f in dataclasses.fields(ConvS2SConfig) if not f.name.startswith("_")}
+    assert "share_all_embeddings" in fields
+    assert fields - {"encoder_embed_path", "decoder_embed_path", "checkpoint_activations"} <= set(finetune.MODEL_FIELDS)

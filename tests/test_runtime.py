@@ -47,16 +47,17 @@ def _data_dir(folder: Path, dictionary) -> Path:
     return data
 
 
-def _convs2s_checkpoint(folder: Path, arch: str, dictionary) -> Path:
-    """A tiny convs2s model of ``arch`` saved as fairseq saves it (``args``, the data folder named)."""
-    args = argparse.Namespace(arch=arch, dropout=0.0)
+def _convs2s_checkpoint(folder: Path, arch: str, dictionary, **flags) -> Path:
+    """A tiny convs2s model of ``arch`` (and model ``flags``) saved as fairseq saves it (``args``, the data folder
+    named)."""
+    args = argparse.Namespace(arch=arch, dropout=0.0, **flags)
     ARCH_CONFIG_REGISTRY[arch](args)
     for side in ("encoder", "decoder"):
         setattr(args, f"{side}_layers", shrink_spec(getattr(args, f"{side}_layers")))
         setattr(args, f"{side}_embed_dim", 12)
-    args.decoder_out_embed_dim = 10
+    args.decoder_out_embed_dim = 12 if args.share_all_embeddings else 10
     seed_all(0)
-    model = build_model(arch, dictionary=dictionary, dropout=0.0)
+    model = build_model(arch, dictionary=dictionary, dropout=0.0, **flags)
     args.data, args.source_lang, args.target_lang = str(_data_dir(folder, dictionary)), "src", "tgt"
     path = folder / "checkpoint.pt"
     torch.save({"args": args, "model": model.state_dict()}, path)
@@ -77,14 +78,18 @@ def _assert_same_beams(results, expected, dictionary):
             assert _score_close(hypothesis.score, score), (hypothesis.score, score)
 
 
-@pytest.mark.parametrize("arch", ["convs2s_iwslt_de_en", "convs2s_wmt_en_de"])
-def test_the_runtime_finds_fairseqs_hypotheses(arch, tmp_path):
+@pytest.mark.parametrize(
+    "arch, flags",
+    [("convs2s_iwslt_de_en", {}), ("convs2s_wmt_en_de", {}), ("convs2s_iwslt_de_en", {"share_all_embeddings": True})],
+)
+def test_the_runtime_finds_fairseqs_hypotheses(arch, flags, tmp_path):
     """Every one of the 5 best hypotheses of fairseq's beam search (the plugin's model, as fairseq-generate runs
-    it), token for token, its score to 1e-4: mixed widths, kernel-1 blocks, sentences finishing at other steps."""
+    it), token for token, its score to 1e-4: mixed widths, kernel-1 blocks, sentences finishing at other steps,
+    one embedding table for sources, targets and outputs."""
     d = make_dictionary(25)
-    checkpoint = _convs2s_checkpoint(tmp_path, arch, d)
+    checkpoint = _convs2s_checkpoint(tmp_path, arch, d, **flags)
     export(checkpoint, tmp_path / "model")
-    model = build_model(arch, dictionary=d, dropout=0.0).eval()
+    model = build_model(arch, dictionary=d, dropout=0.0, **flags).eval()
     model.load_state_dict(torch.load(checkpoint, weights_only=False)["model"])
     model.make_generation_fast_()
     src = random_batch(d, [9, 5, 7, 3, 6, 8], seed=7)

@@ -53,7 +53,7 @@ def build_model(
             if f"{side}_embed_dim" not in overrides:
                 setattr(args, f"{side}_embed_dim", 12)
         if "decoder_out_embed_dim" not in overrides:
-            args.decoder_out_embed_dim = 12 if args.share_input_output_embed else 10
+            args.decoder_out_embed_dim = 12 if args.share_input_output_embed or args.share_all_embeddings else 10
     task = SimpleNamespace(source_dictionary=dictionary, target_dictionary=dictionary)
     return ConvS2SModel.build_model(args, task)
 

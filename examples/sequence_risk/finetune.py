@@ -34,7 +34,7 @@ from recipes.pipeline import out_dir  # noqa: E402
 # the model's own flags (fairseq_convs2s/models/config.py) and the task's position limits
 MODEL_FIELDS = (
     "encoder_layers", "decoder_layers", "encoder_embed_dim", "decoder_embed_dim", "decoder_out_embed_dim",
-    "decoder_attention", "share_input_output_embed", "attention_scaling", "dropout",
+    "decoder_attention", "share_input_output_embed", "share_all_embeddings", "attention_scaling", "dropout",
     "max_source_positions", "max_target_positions",
 )  # fmt: skip
 

@@ -48,6 +48,13 @@ class ConvS2SConfig(FairseqDataclass):
         default=False,
         metadata={"help": "tie the decoder's input and output embeddings (needs decoder-out-embed-dim == embed-dim)"},
     )
+    share_all_embeddings: bool = field(
+        default=False,
+        metadata={
+            "help": "one table for the source embeddings, the target embeddings and the output projection (needs "
+            "a joined dictionary, fairseq-preprocess --joined-dictionary, and equal embedding and out-embed widths)"
+        },
+    )
     attention_scaling: AttentionScaling = field(
         default="fconv",
         metadata={"help": "fconv: the sqrt(0.5) factors fairseq's fconv puts on queries and values; paper: none"},

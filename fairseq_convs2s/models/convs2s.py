@@ -96,8 +96,11 @@ class ConvS2SModel(FairseqEncoderDecoderModel):
                 "must be equal: attention scores are dot products between the two"
             )
 
+        share_all = cfg.share_all_embeddings
+        if share_all:
+            _check_shared_embeddings(cfg, task)
         src_embed = _pretrained_embeddings(cfg, "encoder", task.source_dictionary)
-        tgt_embed = _pretrained_embeddings(cfg, "decoder", task.target_dictionary)
+        tgt_embed = None if share_all else _pretrained_embeddings(cfg, "decoder", task.target_dictionary)
         scaling = str(cfg.attention_scaling)
         encoder = ConvS2SEncoder(
             task.source_dictionary,
@@ -118,10 +121,11 @@ class ConvS2SModel(FairseqEncoderDecoderModel):
             out_embed_dim=cfg.decoder_out_embed_dim,
             dropout=cfg.dropout,
             max_positions=getattr(args, "max_target_positions", None) or DEFAULT_MAX_POSITIONS,
-            share_embed=cfg.share_input_output_embed,
+            share_embed=cfg.share_input_output_embed or share_all,
             attention_scaling=scaling,
             embed_dict=tgt_embed,
             checkpoint_activations=cfg.checkpoint_activations,
+            embed_tokens=encoder.embed_tokens if share_all else None,
         )
         model = cls(encoder, decoder)
         model.dictionary_labels = {side: _dictionary_label(task, side) for side in ("source", "target")}
@@ -153,7 +157,10 @@ class ConvS2SModel(FairseqEncoderDecoderModel):
 
     def load_state_dict(self, state_dict, strict=True, model_cfg=None, args=None):
         """fairseq's loader, after checking that the checkpoint's vocabularies have the sizes of this model's
-        dictionaries (torch would otherwise stop with a bare ``size mismatch for encoder.embed_tokens.weight``)."""
+        dictionaries (torch would otherwise stop with a bare ``size mismatch for encoder.embed_tokens.weight``), and
+        that a model with one embedding table (``--share-all-embeddings``) receives one: two different tables would
+        load into it one over the other, silently (``--restore-file`` or ``--finetune-from-model`` of a checkpoint
+        trained without the flag)."""
         for side, name, module in (("source", "encoder", self.encoder), ("target", "decoder", self.decoder)):
             weight = state_dict.get(f"{name}.embed_tokens.weight")  # rows: the training dictionary's size
             rows = module.embed_tokens.num_embeddings
@@ -163,6 +170,13 @@ class ConvS2SModel(FairseqEncoderDecoderModel):
                     f"dictionary mismatch: the checkpoint's {side} dictionary has {weight.size(0)} entries, "
                     f"the data's {label} has {rows}: {_USE_THE_TRAINING_DICTIONARY}"
                 )
+        source, target = (state_dict.get(f"{name}.embed_tokens.weight") for name in ("encoder", "decoder"))
+        shared = self.encoder.embed_tokens is self.decoder.embed_tokens
+        if shared and source is not None and target is not None and not torch.equal(source, target):
+            raise ValueError(
+                "the checkpoint has separate source and target embeddings, and this model one table for both "
+                "(--share-all-embeddings): build it as the checkpoint was trained, without the flag"
+            )
         return super().load_state_dict(state_dict, strict=strict, model_cfg=model_cfg, args=args)
 
 
@@ -187,6 +201,32 @@ def _check_sizes(cfg: ConvS2SConfig, args: Namespace) -> None:
     ):
         if value is not None and value < 1:
             raise ValueError(f"{flag} must be at least 1, got {value}")
+
+
+def _check_shared_embeddings(cfg: ConvS2SConfig, task) -> None:
+    """What ``--share-all-embeddings`` needs: one dictionary on both sides, so a token id means one word; one
+    width for the table, the decoder's output embedding included; at most one pre-trained embedding file.
+
+    Porting note (fconv): fconv has no such flag; fairseq's transformer has it under the same name and the same
+    conditions. The paper ties nothing; on a small corpus with a joint sub-word vocabulary the one table trains
+    each piece from both languages' sentences (examples/multi30k/README.md measures it)."""
+    source, target = task.source_dictionary, task.target_dictionary
+    if _dictionary_fingerprint(source) != _dictionary_fingerprint(target):
+        labels = _dictionary_label(task, "source"), _dictionary_label(task, "target")
+        raise ValueError(
+            f"--share-all-embeddings needs one dictionary for both languages, but the {labels[0]} and the "
+            f"{labels[1]} differ: preprocess with fairseq-preprocess --joined-dictionary"
+        )
+    if cfg.decoder_out_embed_dim != cfg.decoder_embed_dim:
+        raise ValueError(
+            f"--share-all-embeddings needs --decoder-out-embed-dim ({cfg.decoder_out_embed_dim}) equal to "
+            f"--decoder-embed-dim ({cfg.decoder_embed_dim}): the output projection is the embedding table"
+        )
+    if cfg.decoder_embed_path and cfg.decoder_embed_path != cfg.encoder_embed_path:
+        raise ValueError(
+            "--share-all-embeddings reads pre-trained vectors from --encoder-embed-path only; "
+            f"--decoder-embed-path ({cfg.decoder_embed_path}) would be a second table"
+        )
 
 
 def _dictionary_fingerprint(dictionary) -> str:

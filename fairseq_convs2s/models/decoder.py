@@ -13,7 +13,7 @@ from convs2s_runtime.step import StepWeights, decoder_step
 from ..modules.attention import MultiStepAttention
 from ..modules.conv_block import ConvBlock, build_blocks, run_block
 from ..modules.dropout import Dropout
-from ..modules.embedding import LearnedPositionalEmbedding, TokenEmbedding
+from ..modules.embedding import LearnedPositionalEmbedding, TiedOutputProjection, TokenEmbedding
 from ..modules.weight_norm import WeightNormLinear, linear_std
 from .encoder import ConvS2SEncoderOut
 from .fast_path import fast_step_weights, first_step_copies
@@ -45,6 +45,7 @@ class ConvS2SDecoder(FairseqIncrementalDecoder):
         attention_scaling: str,
         embed_dict: Optional[dict] = None,
         checkpoint_activations: bool = False,
+        embed_tokens: Optional[nn.Embedding] = None,
     ):
         super().__init__(dictionary)
         self.checkpoint_activations = checkpoint_activations
@@ -54,9 +55,12 @@ class ConvS2SDecoder(FairseqIncrementalDecoder):
         self.dropout_module = Dropout(dropout, module_name=type(self).__name__)
         self.need_attn = True
 
-        self.embed_tokens = TokenEmbedding(len(dictionary), embed_dim, padding_idx)
-        if embed_dict is not None:
-            self.embed_tokens = utils.load_embedding(embed_dict, dictionary, self.embed_tokens)
+        if embed_tokens is not None:  # the encoder's table (--share-all-embeddings)
+            self.embed_tokens = embed_tokens
+        else:
+            self.embed_tokens = TokenEmbedding(len(dictionary), embed_dim, padding_idx)
+            if embed_dict is not None:
+                self.embed_tokens = utils.load_embedding(embed_dict, dictionary, self.embed_tokens)
         self.embed_positions = LearnedPositionalEmbedding(max_positions, embed_dim, padding_idx, "target")
         self.input_projection = WeightNormLinear(embed_dim, layers[0].width, std=linear_std(embed_dim, dropout))
         self.blocks = nn.ModuleList(build_blocks(layers, dropout, causal=True))
@@ -76,10 +80,7 @@ class ConvS2SDecoder(FairseqIncrementalDecoder):
                     f"--share-input-output-embed needs --decoder-out-embed-dim ({out_embed_dim}) "
                     f"equal to --decoder-embed-dim ({embed_dim})"
                 )
-            # a plain linear whose weight is the input lookup table (no weight norm on lookup tables)
-            self.output_projection = nn.Linear(out_embed_dim, len(dictionary))
-            self.output_projection.weight = self.embed_tokens.weight
-            nn.init.zeros_(self.output_projection.bias)
+            self.output_projection = TiedOutputProjection(self.embed_tokens)
         else:
             self.output_projection = WeightNormLinear(
                 out_embed_dim, len(dictionary), std=linear_std(out_embed_dim, dropout)

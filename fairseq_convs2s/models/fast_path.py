@@ -71,7 +71,7 @@ def can_take_fast_path(decoder: nn.Module) -> bool:
 
 
 def _product(layer: nn.Module):
-    """A layer's product at inference: a weight-normalized layer's folded one, a plain ``nn.Linear`` itself."""
+    """A layer's product at inference: a weight-normalized layer's folded one, a tied output projection itself."""
     return layer.product() if isinstance(layer, WeightNorm) else layer
 
 

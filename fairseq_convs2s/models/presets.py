@@ -25,6 +25,7 @@ def base_architecture(args):
     _default(args, "decoder_out_embed_dim", 256)
     _default(args, "decoder_attention", "True")
     _default(args, "share_input_output_embed", False)
+    _default(args, "share_all_embeddings", False)
     _default(args, "attention_scaling", "fconv")
     _default(args, "checkpoint_activations", False)
 

@@ -3,8 +3,11 @@
 from typing import Optional
 
 import torch
+import torch.nn.functional as F
 from fairseq import utils
 from torch import Tensor, nn
+
+from .training_products import training_linear
 
 
 class TokenEmbedding(nn.Embedding):
@@ -15,6 +18,30 @@ class TokenEmbedding(nn.Embedding):
         nn.init.normal_(self.weight, 0.0, 0.1)
         with torch.no_grad():
             self.weight[padding_idx].zero_()
+
+
+class TiedOutputProjection(nn.Module):
+    """The output matrix ``W_o`` that is a lookup table (``--share-input-output-embed``, ``--share-all-embeddings``):
+    ``y = x W^T + b``, W the table's own parameter, with no weight normalization (none on lookup tables, 3.5). In
+    training its product runs as the other large linears' do (``training_linear``: oneDNN on a CPU)."""
+
+    def __init__(self, table: nn.Embedding):
+        super().__init__()
+        self.in_features, self.out_features = table.embedding_dim, table.num_embeddings
+        self.weight = table.weight  # V x C: the same parameter
+        self.bias = nn.Parameter(torch.zeros(table.num_embeddings))
+
+    def forward(self, x: Tensor) -> Tensor:
+        """x: ... x C -> ... x V."""
+        rows = x.reshape(-1, self.in_features)
+        if torch.is_grad_enabled():
+            out = training_linear(rows, self.weight, self.bias)
+        else:
+            out = F.linear(rows, self.weight, self.bias)
+        return out.view(*x.shape[:-1], self.out_features)
+
+    def extra_repr(self) -> str:
+        return f"{self.in_features}, {self.out_features}, tied"
 
 
 class LearnedPositionalEmbedding(nn.Embedding):
