@@ -5,9 +5,10 @@
 Each run is the ``fairseq-train`` command ``examples/multi30k/run.py`` gives the model (through
 ``python -m fairseq_convs2s.train`` on a CPU): the paper's optimizer, ``--max-tokens 4000``, dropout 0.2, and the
 fastest path the recipe picks for the model on this machine (``examples/recipes/training.py``: convs2s with the
-fused criterion, fconv with fairseq's; bf16 on a CPU that computes it natively), the paper's schedule (no
-validation, so the rate stays 0.25). ``--variants`` adds the recipe's choices undone, to measure each:
-``convs2s-fairseq-loss`` (fairseq's criterion), ``convs2s-fp32``, ``fconv-fp32``.
+fused criterion and one embedding table, fconv with fairseq's criterion; bf16 on a CPU that computes it
+natively), the paper's schedule (no validation, so the rate stays 0.25). ``--variants`` adds the recipe's choices
+undone, to measure each: ``convs2s-fairseq-loss`` (fairseq's criterion), ``convs2s-separate`` (three embedding
+tables), ``convs2s-fp32``, ``fconv-fp32``.
 
 The runs alternate: for each round, for each thread count, one process per variant, the order of the variants
 reversed every round. A run's words/s is the median of fairseq's ``wps`` over its log intervals after the first
@@ -32,13 +33,14 @@ sys.path.insert(0, str(REPO / "examples"))
 
 from recipes import training  # noqa: E402
 
-# name -> (--arch, the recipe's --precision, a --criterion replacing the recipe's choice)
+# name -> (--arch, the recipe's --precision, a --criterion replacing the recipe's choice, --separate-embeddings)
 VARIANTS = {
-    "fconv": ("fconv_iwslt_de_en", "auto", None),
-    "convs2s": ("convs2s_iwslt_de_en", "auto", None),
-    "convs2s-fairseq-loss": ("convs2s_iwslt_de_en", "auto", training.FAIRSEQ_LOSS),
-    "convs2s-fp32": ("convs2s_iwslt_de_en", "fp32", None),
-    "fconv-fp32": ("fconv_iwslt_de_en", "fp32", None),
+    "fconv": ("fconv_iwslt_de_en", "auto", None, False),
+    "convs2s": ("convs2s_iwslt_de_en", "auto", None, False),
+    "convs2s-fairseq-loss": ("convs2s_iwslt_de_en", "auto", training.FAIRSEQ_LOSS, False),
+    "convs2s-separate": ("convs2s_iwslt_de_en", "auto", None, True),
+    "convs2s-fp32": ("convs2s_iwslt_de_en", "fp32", None, False),
+    "fconv-fp32": ("fconv_iwslt_de_en", "fp32", None, False),
 }
 _RECORD = re.compile(r"\| train_inner \| (\{.*\})\s*$")
 
@@ -47,10 +49,12 @@ def command(data: Path, variant: str, updates: int, interval: int, save_dir: str
     """The recipe's training command for ``variant`` (Multi30k's flags), cut to ``updates`` updates."""
     import torch
 
-    arch, precision, criterion = VARIANTS[variant]
+    arch, precision, criterion, separate = VARIANTS[variant]
     given = f"--criterion {criterion}" if criterion else ""
     fastest, notes = training.fastest_flags(arch, given, precision, torch.cuda.is_available())
     fastest += ["--criterion", criterion] if criterion else []
+    embeddings, embedding_notes = training.embedding_flags(arch, [], True, separate)  # Multi30k shares its table
+    fastest, notes = fastest + embeddings, notes + embedding_notes
     cmd = [sys.executable, "-m", "fairseq_convs2s.train", str(data), "--user-dir", str(REPO / "fairseq_convs2s")]
     cmd += ["--arch", arch, "--lr", "0.25", "--dropout", "0.2", "--max-tokens", "4000"]
     cmd += [*training.optimization_flags(), "--max-update", str(updates), *fastest]

@@ -8,9 +8,11 @@
 #                                  # benchmarks.bf16_generation (6 min on an H100)
 #   scripts/gpu_checks.sh budget   # the Multi30k recipe under update budgets, six runs at once: the anneal fraction
 #                                  # of --lr-scheduler budget, the plateau schedule cut at the same update count,
-#                                  # and the recipe's defaults to convergence (UPDATES=3000 2000 by default)
-#   scripts/gpu_checks.sh seeds    # the recipe's defaults against --update-budget UPDATES (3500), three seeds each,
-#                                  # each scored with checkpoint_best.pt and with the average
+#                                  # and the plateau rule to convergence (UPDATES=3000 2000 by default)
+#   scripts/gpu_checks.sh embeddings [UPDATES]  # --share-all-embeddings against separate tables, fconv beside
+#                                  # (ARCHS="convs2s fconv"), seeds 1 and 2, --update-budget UPDATES (3500)
+#   scripts/gpu_checks.sh seeds    # the recipe's defaults against its earlier ones (the plateau rule, separate
+#                                  # embeddings), three seeds each, each scored with checkpoint_best.pt and the average
 #   scripts/gpu_checks.sh forms    # benchmarks.train_forms: the compiled update against the eager one, bf16 and fp32
 #   scripts/gpu_checks.sh memory   # benchmarks.checkpoint_activations: --checkpoint-activations' memory and time,
 #                                  # the harness's batch and a 256 x 101-token one (DEVICE=cpu: on the CPU);
@@ -21,7 +23,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
-STAGE=${1:?usage: scripts/gpu_checks.sh bench|distributed|recipe|budget|seeds|forms|memory|runtime}
+STAGE=${1:?usage: scripts/gpu_checks.sh bench|distributed|recipe|budget|embeddings|seeds|forms|memory|runtime}
 KIT=${KIT:-.gpu_kit}
 OUT=${OUT:-gpu_out}
 PY=${PY:-python3}
@@ -83,8 +85,9 @@ case "$STAGE" in
     done
     step bf16_generation 180 "$PY" -m benchmarks.bf16_generation --device "${DEVICE:-cuda}" --repeats 3 --out "$OUT"
     ;;
-  budget)  # more arguments go to every recipe run, before the run's own (a try on a CPU: --max-train-lines 300)
-    EXTRA=("${@:2}")
+  budget)  # more arguments go to every recipe run, before the run's own (a try on a CPU: --max-train-lines 300);
+    # every run with the separate embeddings of the runs in examples/multi30k/README.md, "The schedule"
+    EXTRA=(--separate-embeddings "${@:2}")
     read -r big small <<<"${UPDATES:-3000 2000}"
     recipe() {  # recipe NAME ARGS...: one recipe run in the background, its console and its curve in $OUT/NAME.log
       local name=$1
@@ -96,16 +99,42 @@ case "$STAGE" in
         cat "/tmp/budget/$name/curve.tsv" >>"$OUT/$name.log" 2>/dev/null
       ) &
     }
-    recipe default
-    recipe "plateau_$big" --train-args "--max-update $big"
+    recipe plateau --update-budget 0
+    recipe "plateau_$big" --update-budget 0 --train-args "--max-update $big"
     for fraction in 1.0 0.5 0.25; do
       recipe "anneal${fraction}_$big" --update-budget "$big" --train-args "--anneal-fraction $fraction"
     done
     recipe "anneal0.5_$small" --update-budget "$small" --train-args "--anneal-fraction 0.5"
     wait
     ;;
-  seeds)  # the recipe's defaults and --update-budget UPDATES (3500), three seeds each, six runs at once; each
-    # run's test score for checkpoint_best.pt and for the average besides the one its choice tested
+  embeddings)  # one embedding table against separate ones under --update-budget ${2:-3500}, seeds 1 and 2, both
+    # models (ARCHS="convs2s fconv"; fconv: its own tables, and its decoder's tied), all runs at once
+    updates=${2:-3500}
+    for arch in ${ARCHS:-convs2s fconv}; do
+      for seed in 1 2; do
+        if [ "$arch" = convs2s ]; then
+          names=(one_table separate) flags=("" --separate-embeddings)
+        else
+          names=(fconv fconv_tied_decoder) flags=("" --share-input-output-embed)
+        fi
+        for i in 0 1; do
+          name="${names[$i]}_${updates}_seed$seed" arch_flag=""
+          [ "$arch" = fconv ] && arch_flag="--arch fconv_iwslt_de_en ${flags[$i]}"
+          set -- --update-budget "$updates" --train-args "--seed $seed $arch_flag"
+          [ "$arch" = convs2s ] && [ -n "${flags[$i]}" ] && set -- "$@" "${flags[$i]}"
+          (
+            timeout 520 "$PY" examples/multi30k/run.py --raw-dir "$KIT/multi30k" --out "/tmp/embeddings/$name" \
+              --workers 1 "$@" >"$OUT/$name.log" 2>&1
+            echo "[gpu_checks] $name: exit $? $(grep "valid on 'valid'" "$OUT/$name.log" | tail -1 |
+              grep -oE 'ppl [0-9.]+|num_updates [0-9]+' | tr '\n' ' ')$(grep -h '^test (' "$OUT/$name.log")"
+          ) &
+        done
+      done
+    done
+    wait
+    ;;
+  seeds)  # the recipe's defaults and its earlier ones, three seeds each, six runs at once; each run's test score
+    # for checkpoint_best.pt and for the average besides the one its choice tested
     recipe() {  # recipe NAME SEED ARGS...
       local name=$1 seed=$2
       shift 2
@@ -120,7 +149,7 @@ case "$STAGE" in
     }
     for seed in 1 2 3; do
       recipe "default_seed$seed" "$seed"
-      recipe "budget${UPDATES:-3500}_seed$seed" "$seed" --update-budget "${UPDATES:-3500}"
+      recipe "plateau_separate_seed$seed" "$seed" --update-budget 0 --separate-embeddings
     done
     wait
     ;;

@@ -177,23 +177,26 @@ def test_recipe_training_alternates_the_recipes_commands_and_gives_ratios(tmp_pa
     """``benchmarks.recipe_training``: the recipe's own training command per variant (its choices printed), one
     process per variant and round, the medians and each variant's ratio to the first."""
     make_splits(tmp_path, {"train": 200})
-    preprocess(tmp_path, "bin", trainpref="train")
+    preprocess(tmp_path, "bin", "--joined-dictionary", trainpref="train")  # the recipes' vocabulary is joint
     out = tmp_path / "recipe_training.json"
     small = "--encoder-layers '[(32, 3)]' --decoder-layers '[(32, 3)]' --encoder-embed-dim 32 --decoder-embed-dim 32"
     recipe_training_main(
         [str(tmp_path / "bin"), "--threads", "1", "--updates", "4", "--log-interval", "1", "--rounds", "2"]
-        + ["--variants", "convs2s,convs2s-fp32", "--train-args", small + " --decoder-out-embed-dim 32"]
-        + ["--out", str(out)]
+        + ["--variants", "convs2s,convs2s-separate,convs2s-fp32"]
+        + ["--train-args", small + " --decoder-out-embed-dim 32", "--out", str(out)]
     )
     rows = json.loads(out.read_text())["rows"]
+    variants = ("convs2s", "convs2s-separate", "convs2s-fp32")
     assert [row["threads"] for row in rows] == [1]
-    assert [len(rows[0][name]) for name in ("convs2s", "convs2s-fp32")] == [2, 2]
-    assert all(wps > 0 for name in ("convs2s", "convs2s-fp32") for wps in rows[0][name])
+    assert [len(rows[0][name]) for name in variants] == [2, 2, 2]
+    assert all(wps > 0 for name in variants for wps in rows[0][name])
     printed = capsys.readouterr().out
     assert "convs2s: criterion: fused_label_smoothed_cross_entropy (" in printed
     assert "convs2s-fp32: criterion: fused_label_smoothed_cross_entropy (" in printed
     assert "precision: fp32 (--precision fp32)" in printed
-    assert re.search(r"^\| 1 \| \d+ \| \d+ \(\*\*[0-9.]+x\*\*\) \|", printed, re.M), printed
+    assert re.search(r"^convs2s: .*; embeddings: one table for both languages", printed, re.M)
+    assert re.search(r"^convs2s-separate: .*; embeddings: separate source, target and output tables", printed, re.M)
+    assert re.search(r"^\| 1 \| \d+ \| \d+ \(\*\*[0-9.]+x\*\*\) \| \d+ \(", printed, re.M), printed
 
 
 def test_real_batches_profile_prints_both_models_operators(tmp_path, capsys):

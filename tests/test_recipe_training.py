@@ -73,6 +73,55 @@ def test_the_fastest_flags_and_why(monkeypatch, arch, train_args, precision, cud
         assert "neither AVX512-BF16 nor AMX" in notes[1]
 
 
+@pytest.mark.parametrize(
+    "arch, train_args, recipe_shares, separate, shared, note",
+    [
+        ("convs2s_iwslt_de_en", "", True, False, True, "one table for both languages and the output"),
+        ("convs2s_iwslt_de_en", "", True, True, False, "separate source, target and output tables"),
+        ("fconv_iwslt_de_en", "", True, False, False, "fconv_iwslt_de_en has no --share-all-embeddings"),
+        ("convs2s_iwslt_de_en", "--share-all-embeddings", True, False, False, "(--share-all-embeddings in --train"),
+        ("convs2s_iwslt_de_en", "", False, False, False, None),  # a recipe that does not share: no word about it
+    ],
+)
+def test_embedding_flags_and_why(arch, train_args, recipe_shares, separate, shared, note):
+    flags, notes = training.embedding_flags(arch, shlex.split(train_args), recipe_shares, separate)
+    assert flags == (["--share-all-embeddings"] if shared else [])
+    assert (notes == []) if note is None else (len(notes) == 1 and note in notes[0])
+
+
+def test_the_length_note_names_the_budget_in_force():
+    assert training.length_note(30, None, 5000) == (
+        "length: 30 minutes, the rate annealed to 0 at the end (--lr-scheduler budget)"
+    )
+    assert "5000 updates (the recipe's default; --update-budget 0: the plateau rule)" in training.length_note(
+        None, 5000, 5000
+    )
+    assert "(the recipe's default" not in training.length_note(None, 300, 5000)
+    assert "12.5 minutes or 300 updates, whichever ends first" in training.length_note(12.5, 300, None)
+    assert training.length_note(None, None, None).startswith("length: until validation loss plateaus")
+
+
+def test_the_recipes_update_budget_and_its_switches():
+    """Multi30k without a budget trains 5,000 updates; --update-budget 0 asks for the plateau rule; a lone flag
+    after --train-args is its value, not an option of the recipe's."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("multi30k_run", REPO_ROOT / "examples" / "multi30k" / "run.py")
+    multi30k = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(multi30k)
+    assert (multi30k.RECIPE.update_budget, multi30k.RECIPE.share_embeddings) == (5000, True)
+    parser = pipeline.build_parser(multi30k.RECIPE, "doc")
+    args = parser.parse_args(pipeline._flag_values_attached(["--train-args", "--share-all-embeddings", "--out", "o"]))
+    assert (args.train_args, args.update_budget, args.separate_embeddings) == ("--share-all-embeddings", None, False)
+    assert parser.parse_args(["--update-budget", "0", "--separate-embeddings"]).update_budget == 0
+    assert pipeline._flag_values_attached(["--generate-args", "--lenpen 1.2", "--train-args"]) == [
+        "--generate-args=--lenpen 1.2",
+        "--train-args",  # nothing after it: argparse's own usage error
+    ]
+    with pytest.raises(argparse.ArgumentTypeError, match="must be 0 .no budget. or more, got -1"):
+        pipeline.updates("-1")
+
+
 def test_cpu_has_bf16_asks_torch():
     expected = torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported()
     assert training.cpu_has_bf16() == expected

@@ -173,6 +173,10 @@ def test_multi30k_local_files(runs, corpus):
     assert re.search(rf"^\$ \S+ -m {entry}\.train ", output, re.M), output[:3000]
     criterion = "label_smoothed_cross_entropy" if torch.cuda.is_available() else "fused_label_smoothed_cross_entropy"
     assert f"   criterion: {criterion} (" in output and "   precision: " in output
+    # the recipe's defaults without a budget: its update budget on the budget schedule, one embedding table
+    assert "   length: 5000 updates (the recipe's default" in output
+    assert "   embeddings: one table for both languages and the output" in output
+    assert re.search(r"^\$ .* --lr-scheduler budget .*--max-update 5000 .*--share-all-embeddings ", output, re.M)
 
     # the averaged model is the element-wise mean of the last quarter's epochs, 3 and 4
     assert "   checkpoint3.pt, checkpoint4.pt\n" in output
@@ -182,6 +186,7 @@ def test_multi30k_local_files(runs, corpus):
         if value.is_floating_point():
             torch.testing.assert_close(value, (one[key] + two[key]) / 2)
     assert any(not torch.equal(one[k], two[k]) for k in one)  # training moved the weights: a real average
+    assert torch.equal(avg["encoder.embed_tokens.weight"], avg["decoder.output_projection.weight"])  # one table
 
     # the score is sacrebleu's on the untokenized references, with its signature
     report = (out / "score-test.auto.txt").read_text()

@@ -69,6 +69,12 @@ class Recipe:
     max_len_ratio: Optional[float] = 1.5  # ... and pairs whose lengths differ more than this ratio
     arch: str = "convs2s_iwslt_de_en"
     train_flags: List[str] = field(default_factory=list)  # after the common ones; --train-args come last
+    # the training length without --time-budget or --update-budget: that many updates on the budget schedule
+    # (None: the paper's plateau rule)
+    update_budget: Optional[int] = None
+    # a convs2s model's one embedding table for both languages and the output (--share-all-embeddings; the
+    # vocabulary is joint): the recipe's default, --separate-embeddings turns it off
+    share_embeddings: bool = False
     average_last: int = 5
     generate_flags: List[str] = field(default_factory=list)
     metric: str = "bleu"  # or "rouge"
@@ -137,6 +143,14 @@ def count(text: str) -> int:
     return value
 
 
+def updates(text: str) -> int:
+    """argparse's type for ``--update-budget``: a count, or 0 for none (the plateau rule)."""
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be 0 (no budget) or more, got {value}")
+    return value
+
+
 def minutes(text: str) -> float:
     """argparse's type for ``--time-budget``: a positive number of minutes."""
     value = float(text)
@@ -177,12 +191,20 @@ def build_parser(recipe: Recipe, doc: str) -> argparse.ArgumentParser:
         help="train for this many minutes, the learning rate annealed to 0 at the end (--lr-scheduler budget), "
         "instead of until the validation loss plateaus",
     )
+    default_length = f"{recipe.update_budget} updates" if recipe.update_budget else "the plateau rule"
     add(
         "--update-budget",
-        type=count,
+        type=updates,
         metavar="UPDATES",
-        help="train for this many updates, annealed in the same way (with --time-budget: whichever ends first)",
+        help="train for this many updates, annealed in the same way (with --time-budget: whichever ends first); "
+        f"0: until the validation loss plateaus. Without either budget: {default_length}",
     )
+    if recipe.share_embeddings:
+        add(
+            "--separate-embeddings",
+            action="store_true",
+            help="train separate source, target and output embeddings (the paper's model) instead of one table",
+        )
     add(
         "--precision",
         choices=["auto", "fp32", "bf16"],
@@ -209,10 +231,20 @@ def build_parser(recipe: Recipe, doc: str) -> argparse.ArgumentParser:
     return parser
 
 
+def _flag_values_attached(argv: Sequence[str]) -> List[str]:
+    """``--train-args --flag`` as ``--train-args=--flag``: argparse takes a lone ``--flag`` after an option for an
+    option of its own and stops with ``expected one argument`` (a value with a space in it passes already)."""
+    out, rest = [], iter(argv)
+    for arg in rest:
+        value = next(rest, None) if arg in ("--train-args", "--generate-args") else None
+        out.append(arg if value is None else f"{arg}={value}")
+    return out
+
+
 def main(recipe: Recipe, doc: str, argv: Optional[Sequence[str]] = None) -> None:
     """Parse the command line and run the stages of ``recipe``."""
     parser = build_parser(recipe, doc)
-    args = parser.parse_args(argv)
+    args = parser.parse_args(_flag_values_attached(sys.argv[1:] if argv is None else argv))
     src = args.source_lang
     tgt = args.target_lang or next(lang for lang in recipe.langs if lang != src)
     if tgt == src:
@@ -261,14 +293,20 @@ def main(recipe: Recipe, doc: str, argv: Optional[Sequence[str]] = None) -> None
 
         ckpt.mkdir(parents=True, exist_ok=True)
         fastest, notes = training.fastest_flags(recipe.arch, args.train_args, args.precision, torch.cuda.is_available())
-        for note in notes:
+        separate = recipe.share_embeddings and args.separate_embeddings
+        model_flags, model_notes = training.embedding_flags(arch, train_args, recipe.share_embeddings, separate)
+        update_budget = args.update_budget
+        if update_budget is None and args.time_budget is None:
+            update_budget = recipe.update_budget
+        for note in [*notes, *model_notes, training.length_note(args.time_budget, update_budget, recipe.update_budget)]:
             print(f"   {note}")
-        budget = args.time_budget is not None or args.update_budget is not None
+        budget = args.time_budget is not None or bool(update_budget)
         if budget and training.given_value(train_args, "--max-epoch") not in (None, "0"):
             print("   warning: --max-epoch in --train-args can end training before the budget, unannealed")
         cmd = train_command() + [
             bin_dir, "--user-dir", USER_DIR, "--arch", recipe.arch, "--source-lang", src, "--target-lang", tgt,
-            *recipe.train_flags, *training.optimization_flags(args.time_budget, args.update_budget), *fastest,
+            *recipe.train_flags, *training.optimization_flags(args.time_budget, update_budget or None), *fastest,
+            *model_flags,
             "--save-dir", ckpt, "--keep-last-epochs", max(args.average_last, 1),
             "--skip-invalid-size-inputs-valid-test", "--log-format", "simple", "--log-interval", "100",
             "--seed", "1", *device_flags(), *train_args,

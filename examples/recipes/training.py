@@ -33,6 +33,42 @@ def optimization_flags(time_budget: Optional[float] = None, update_budget: Optio
     return flags
 
 
+def length_note(time_budget: Optional[float], update_budget: Optional[int], recipe_default: Optional[int]) -> str:
+    """One line saying how long training runs: ``update_budget`` is the one in force (None or 0: none)."""
+    annealed = "the rate annealed to 0 at the end (--lr-scheduler budget)"
+    if time_budget is not None and update_budget:
+        return f"length: {time_budget:g} minutes or {update_budget} updates, whichever ends first, {annealed}"
+    if time_budget is not None:
+        return f"length: {time_budget:g} minutes, {annealed}"
+    if update_budget:
+        default = (
+            " (the recipe's default; --update-budget 0: the plateau rule)" if update_budget == recipe_default else ""
+        )
+        return f"length: {update_budget} updates{default}, {annealed}"
+    return "length: until validation loss plateaus (the paper's rule: the rate divided by 10 at each, to 1e-4)"
+
+
+SHARE_ALL = "--share-all-embeddings"
+
+
+def embedding_flags(
+    arch: str, given: Sequence[str], recipe_shares: bool, separate: bool
+) -> Tuple[List[str], List[str]]:
+    """``--share-all-embeddings`` for a convs2s model of a recipe that shares its embeddings (every recipe's
+    vocabulary is joint), unless ``separate`` (``--separate-embeddings``); the flags and a line saying why.
+    Measured: examples/multi30k/README.md, "One embedding table"."""
+    if not recipe_shares:
+        return [], []
+    if SHARE_ALL in given:
+        return [], [f"embeddings: one table ({SHARE_ALL} in --train-args)"]
+    if separate:
+        return [], ["embeddings: separate source, target and output tables (--separate-embeddings)"]
+    if not arch.startswith("convs2s"):
+        return [], [f"embeddings: separate tables ({arch} has no {SHARE_ALL})"]
+    note = f"embeddings: one table for both languages and the output ({SHARE_ALL}; --separate-embeddings: three)"
+    return [SHARE_ALL], [note]
+
+
 def given_value(flags: Sequence[str], name: str) -> Optional[str]:
     """The last value of ``name`` in a list of command-line flags (``--name value`` or ``--name=value``)."""
     parser = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
