@@ -110,26 +110,26 @@ case "$STAGE" in
   embeddings)  # one embedding table against separate ones under --update-budget ${2:-3500}, seeds 1 and 2, both
     # models (ARCHS="convs2s fconv"; fconv: its own tables, and its decoder's tied), all runs at once
     updates=${2:-3500}
-    for arch in ${ARCHS:-convs2s fconv}; do
-      for seed in 1 2; do
-        if [ "$arch" = convs2s ]; then
-          names=(one_table separate) flags=("" --separate-embeddings)
-        else
-          names=(fconv fconv_tied_decoder) flags=("" --share-input-output-embed)
-        fi
-        for i in 0 1; do
-          name="${names[$i]}_${updates}_seed$seed" arch_flag=""
-          [ "$arch" = fconv ] && arch_flag="--arch fconv_iwslt_de_en ${flags[$i]}"
-          set -- --update-budget "$updates" --train-args "--seed $seed $arch_flag"
-          [ "$arch" = convs2s ] && [ -n "${flags[$i]}" ] && set -- "$@" "${flags[$i]}"
-          (
-            timeout 520 "$PY" examples/multi30k/run.py --raw-dir "$KIT/multi30k" --out "/tmp/embeddings/$name" \
-              --workers 1 "$@" >"$OUT/$name.log" 2>&1
-            echo "[gpu_checks] $name: exit $? $(grep "valid on 'valid'" "$OUT/$name.log" | tail -1 |
-              grep -oE 'ppl [0-9.]+|num_updates [0-9]+' | tr '\n' ' ')$(grep -h '^test (' "$OUT/$name.log")"
-          ) &
-        done
-      done
+    recipe() {  # recipe NAME ARGS...: one recipe run in the background; its validation and test lines at the end
+      local name=$1
+      shift
+      (
+        timeout 520 "$PY" examples/multi30k/run.py --raw-dir "$KIT/multi30k" --out "/tmp/embeddings/$name" \
+          --workers 1 --update-budget "$updates" "$@" >"$OUT/$name.log" 2>&1
+        echo "[gpu_checks] $name: exit $? $(grep "valid on 'valid'" "$OUT/$name.log" | tail -1 |
+          grep -oE 'ppl [0-9.]+|num_updates [0-9]+' | tr '\n' ' ')$(grep -h '^test (' "$OUT/$name.log")"
+      ) &
+    }
+    fconv="--arch fconv_iwslt_de_en"
+    for seed in 1 2; do
+      if [[ " ${ARCHS:-convs2s fconv} " == *" convs2s "* ]]; then
+        recipe "one_table_${updates}_seed$seed" --train-args "--seed $seed"
+        recipe "separate_${updates}_seed$seed" --train-args "--seed $seed" --separate-embeddings
+      fi
+      if [[ " ${ARCHS:-convs2s fconv} " == *" fconv "* ]]; then
+        recipe "fconv_${updates}_seed$seed" --train-args "--seed $seed $fconv"
+        recipe "fconv_tied_decoder_${updates}_seed$seed" --train-args "--seed $seed $fconv --share-input-output-embed"
+      fi
     done
     wait
     ;;

@@ -161,8 +161,9 @@ class ConvS2SModel(FairseqEncoderDecoderModel):
         that a model with one embedding table (``--share-all-embeddings``) receives one: two different tables would
         load into it one over the other, silently (``--restore-file`` or ``--finetune-from-model`` of a checkpoint
         trained without the flag)."""
+        tables = {}
         for side, name, module in (("source", "encoder", self.encoder), ("target", "decoder", self.decoder)):
-            weight = state_dict.get(f"{name}.embed_tokens.weight")  # rows: the training dictionary's size
+            weight = tables[side] = state_dict.get(f"{name}.embed_tokens.weight")  # rows: the dictionary's size
             rows = module.embed_tokens.num_embeddings
             if weight is not None and weight.size(0) != rows:
                 label = getattr(self, "dictionary_labels", {}).get(side, f"{side} dictionary")
@@ -170,7 +171,7 @@ class ConvS2SModel(FairseqEncoderDecoderModel):
                     f"dictionary mismatch: the checkpoint's {side} dictionary has {weight.size(0)} entries, "
                     f"the data's {label} has {rows}: {_USE_THE_TRAINING_DICTIONARY}"
                 )
-        source, target = (state_dict.get(f"{name}.embed_tokens.weight") for name in ("encoder", "decoder"))
+        source, target = tables["source"], tables["target"]
         shared = self.encoder.embed_tokens is self.decoder.embed_tokens
         if shared and source is not None and target is not None and not torch.equal(source, target):
             raise ValueError(
