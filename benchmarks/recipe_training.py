@@ -50,7 +50,7 @@ def command(data: Path, variant: str, updates: int, interval: int, save_dir: str
     import torch
 
     arch, precision, criterion, separate = VARIANTS[variant]
-    given = f"--criterion {criterion}" if criterion else ""
+    given = ["--criterion", criterion] if criterion else []
     fastest, notes = training.fastest_flags(arch, given, precision, torch.cuda.is_available())
     fastest += ["--criterion", criterion] if criterion else []
     embeddings, embedding_notes = training.embedding_flags(arch, [], True, separate)  # Multi30k shares its table

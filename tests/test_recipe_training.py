@@ -56,7 +56,7 @@ def test_given_value_reads_the_last_flag_in_either_spelling():
         ("convs2s_iwslt_de_en", "", "auto", False, True, FUSED, True),
         ("convs2s_iwslt_de_en", "", "auto", False, False, FUSED, False),  # emulated bf16 is slower: fp32
         ("convs2s_iwslt_de_en", "", "fp32", False, True, FUSED, False),
-        ("convs2s_iwslt_de_en", "--arch fconv_iwslt_de_en", "auto", False, True, FAIRSEQ_LOSS, True),
+        ("fconv_iwslt_de_en", "", "auto", False, True, FAIRSEQ_LOSS, True),
         ("convs2s_iwslt_de_en", "--criterion sequence_risk --bf16", "auto", False, True, None, False),
         ("convs2s_iwslt_de_en", "", "auto", True, True, FAIRSEQ_LOSS, False),  # a GPU: fp32, fairseq's loss
         ("convs2s_iwslt_de_en", "", "bf16", True, False, FAIRSEQ_LOSS, True),
@@ -64,7 +64,7 @@ def test_given_value_reads_the_last_flag_in_either_spelling():
 )
 def test_the_fastest_flags_and_why(monkeypatch, arch, train_args, precision, cuda, has_bf16, criterion, bf16):
     monkeypatch.setattr(training, "cpu_has_bf16", lambda: has_bf16)
-    flags, notes = training.fastest_flags(arch, train_args, precision, cuda)
+    flags, notes = training.fastest_flags(arch, shlex.split(train_args), precision, cuda)
     assert training.given_value(flags, "--criterion") == criterion  # None: the user's own --criterion stands
     assert ("--bf16" in flags) == bf16
     assert notes[0].startswith("criterion: ") and notes[1].startswith("precision: ")

@@ -292,7 +292,7 @@ def main(recipe: Recipe, doc: str, argv: Optional[Sequence[str]] = None) -> None
         import torch
 
         ckpt.mkdir(parents=True, exist_ok=True)
-        fastest, notes = training.fastest_flags(recipe.arch, args.train_args, args.precision, torch.cuda.is_available())
+        fastest, notes = training.fastest_flags(arch, train_args, args.precision, torch.cuda.is_available())
         separate = recipe.share_embeddings and args.separate_embeddings
         model_flags, model_notes = training.embedding_flags(arch, train_args, recipe.share_embeddings, separate)
         update_budget = args.update_budget

@@ -4,7 +4,6 @@ reason; a flag the user gives in ``--train-args`` wins over the choice.
 """
 
 import argparse
-import shlex
 from typing import List, Optional, Sequence, Tuple
 
 # The paper's optimization (section 4.2-4.3): Nesterov momentum 0.99, gradient norm clipped at 0.1, the learning
@@ -87,14 +86,13 @@ def cpu_has_bf16() -> bool:
     return any(getattr(torch.cpu, check, lambda: False)() for check in checks)
 
 
-def fastest_flags(arch: str, train_args: str, precision: str, cuda: bool) -> Tuple[List[str], List[str]]:
-    """The flags of the fastest correct training for ``arch`` on this device, and one line per choice saying why.
+def fastest_flags(arch: str, given: Sequence[str], precision: str, cuda: bool) -> Tuple[List[str], List[str]]:
+    """The flags of the fastest correct training for ``arch`` (the one that trains, after ``--train-args``) on this
+    device, given the user's own flags ``given``, and one line per choice saying why.
 
     ``precision`` is the recipe's ``--precision``: ``auto``, ``fp32`` or ``bf16``. Measurements behind each choice:
-    examples/multi30k/README.md, "Fastest training by default".
+    examples/multi30k/README.md, "The fastest training by default".
     """
-    given = shlex.split(train_args)
-    arch = given_value(given, "--arch") or arch
     flags: List[str] = []
     notes: List[str] = []
 
