@@ -52,7 +52,7 @@ def command(data: Path, variant: str, updates: int, interval: int, save_dir: str
     arch, precision, criterion, separate = VARIANTS[variant]
     given = ["--criterion", criterion] if criterion else []
     fastest, notes = training.fastest_flags(arch, given, precision, torch.cuda.is_available())
-    fastest += ["--criterion", criterion] if criterion else []
+    fastest += given  # the variant's criterion replaces the recipe's choice
     embeddings, embedding_notes = training.embedding_flags(arch, [], True, separate)  # Multi30k shares its table
     fastest, notes = fastest + embeddings, notes + embedding_notes
     cmd = [sys.executable, "-m", "fairseq_convs2s.train", str(data), "--user-dir", str(REPO / "fairseq_convs2s")]
