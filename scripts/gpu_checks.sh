@@ -55,6 +55,14 @@ step() {  # step NAME SECONDS CMD...: run CMD with a time limit, its output to $
   return $rc
 }
 
+multi30k() {  # multi30k NAME SECONDS ARGS...: examples/multi30k/run.py ARGS with a time limit, its run folder
+  # /tmp/$STAGE/NAME, its console added to $OUT/NAME.log; the stages that compare recipe settings run several at once
+  local name=$1 limit=$2
+  shift 2
+  timeout "$limit" "$PY" examples/multi30k/run.py --raw-dir "$KIT/multi30k" --out "/tmp/$STAGE/$name" "$@" \
+    >>"$OUT/$name.log" 2>&1
+}
+
 case "$STAGE" in
   bench)
     step bench 560 "$PY" -m benchmarks.run --device cuda
@@ -93,8 +101,7 @@ case "$STAGE" in
       local name=$1
       shift
       (
-        timeout 540 "$PY" examples/multi30k/run.py --raw-dir "$KIT/multi30k" --out "/tmp/budget/$name" --workers 2 \
-          "${EXTRA[@]}" "$@" >"$OUT/$name.log" 2>&1
+        multi30k "$name" 540 --workers 2 "${EXTRA[@]}" "$@"
         echo "[gpu_checks] $name: exit $? $(grep -h '^test (' "$OUT/$name.log")"
         cat "/tmp/budget/$name/curve.tsv" >>"$OUT/$name.log" 2>/dev/null
       ) &
@@ -114,8 +121,7 @@ case "$STAGE" in
       local name=$1
       shift
       (
-        timeout 520 "$PY" examples/multi30k/run.py --raw-dir "$KIT/multi30k" --out "/tmp/embeddings/$name" \
-          --workers 1 --update-budget "$updates" "$@" >"$OUT/$name.log" 2>&1
+        multi30k "$name" 520 --workers 1 --update-budget "$updates" "$@"
         echo "[gpu_checks] $name: exit $? $(grep "valid on 'valid'" "$OUT/$name.log" | tail -1 |
           grep -oE 'ppl [0-9.]+|num_updates [0-9]+' | tr '\n' ' ')$(grep -h '^test (' "$OUT/$name.log")"
       ) &
@@ -140,8 +146,7 @@ case "$STAGE" in
       shift 2
       (
         for checkpoint in auto best avg; do
-          timeout 500 "$PY" examples/multi30k/run.py --raw-dir "$KIT/multi30k" --out "/tmp/seeds/$name" --workers 2 \
-            --checkpoint "$checkpoint" --train-args "--seed $seed" "$@" >>"$OUT/$name.log" 2>&1
+          multi30k "$name" 500 --workers 2 --checkpoint "$checkpoint" --train-args "--seed $seed" "$@"
         done
         echo "[gpu_checks] $name: $(cut -f1 "/tmp/seeds/$name/checkpoints/chosen.txt") chosen;" \
           "$(grep -h '^test (' "$OUT/$name.log" | tr '\n' ' ')"
@@ -169,7 +174,7 @@ case "$STAGE" in
       --json "$OUT/checkpoint_activations_big.json"
     ;;
   *)
-    echo "unknown stage $STAGE: bench, distributed, recipe, budget, seeds, forms, memory or runtime" >&2
+    echo "unknown stage $STAGE: bench, distributed, recipe, budget, embeddings, seeds, forms, memory or runtime" >&2
     exit 2
     ;;
 esac
