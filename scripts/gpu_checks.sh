@@ -55,11 +55,12 @@ step() {  # step NAME SECONDS CMD...: run CMD with a time limit, its output to $
   return $rc
 }
 
-multi30k() {  # multi30k NAME SECONDS ARGS...: examples/multi30k/run.py ARGS with a time limit, its run folder
-  # /tmp/$STAGE/NAME, its console added to $OUT/NAME.log; the stages that compare recipe settings run several at once
+RUNS=/tmp/$STAGE  # the run folders of the stages that compare recipe settings, one per run: $RUNS/NAME
+multi30k() {  # multi30k NAME SECONDS ARGS...: examples/multi30k/run.py ARGS with a time limit in $RUNS/NAME, its
+  # console added to $OUT/NAME.log (a stage's recipe() empties that log first; seeds runs three commands into it)
   local name=$1 limit=$2
   shift 2
-  timeout "$limit" "$PY" examples/multi30k/run.py --raw-dir "$KIT/multi30k" --out "/tmp/$STAGE/$name" "$@" \
+  timeout "$limit" "$PY" examples/multi30k/run.py --raw-dir "$KIT/multi30k" --out "$RUNS/$name" "$@" \
     >>"$OUT/$name.log" 2>&1
 }
 
@@ -101,9 +102,10 @@ case "$STAGE" in
       local name=$1
       shift
       (
+        : >"$OUT/$name.log"
         multi30k "$name" 540 --workers 2 "${EXTRA[@]}" "$@"
         echo "[gpu_checks] $name: exit $? $(grep -h '^test (' "$OUT/$name.log")"
-        cat "/tmp/budget/$name/curve.tsv" >>"$OUT/$name.log" 2>/dev/null
+        cat "$RUNS/$name/curve.tsv" >>"$OUT/$name.log" 2>/dev/null
       ) &
     }
     recipe plateau --update-budget 0
@@ -121,6 +123,7 @@ case "$STAGE" in
       local name=$1
       shift
       (
+        : >"$OUT/$name.log"
         multi30k "$name" 520 --workers 1 --update-budget "$updates" "$@"
         echo "[gpu_checks] $name: exit $? $(grep "valid on 'valid'" "$OUT/$name.log" | tail -1 |
           grep -oE 'ppl [0-9.]+|num_updates [0-9]+' | tr '\n' ' ')$(grep -h '^test (' "$OUT/$name.log")"
@@ -145,10 +148,11 @@ case "$STAGE" in
       local name=$1 seed=$2
       shift 2
       (
+        : >"$OUT/$name.log"
         for checkpoint in auto best avg; do
           multi30k "$name" 500 --workers 2 --checkpoint "$checkpoint" --train-args "--seed $seed" "$@"
         done
-        echo "[gpu_checks] $name: $(cut -f1 "/tmp/seeds/$name/checkpoints/chosen.txt") chosen;" \
+        echo "[gpu_checks] $name: $(cut -f1 "$RUNS/$name/checkpoints/chosen.txt") chosen;" \
           "$(grep -h '^test (' "$OUT/$name.log" | tr '\n' ' ')"
       ) &
     }
