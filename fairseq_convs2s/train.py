@@ -17,6 +17,11 @@ Every flag is fairseq-train's and means what it means there; this only changes w
 - With ``--cpu``, glibc's malloc keeps the memory that an update frees for the next one
   (:func:`keep_freed_memory`), so that the large per-update tensors are not faulted in page by page at every
   update; the user's own ``MALLOC_MMAP_MAX_`` or ``MALLOC_TRIM_THRESHOLD_`` wins.
+- With ``--cpu``, batches are made in the training process (``--num-workers 0``) unless ``--num-workers`` is given:
+  a data-loading worker is a fork of the trainer, and keeps its own copy of each page the trainer writes after the
+  fork; without one, whole runs are faster and smaller (BENCHMARKS.md, "Data-loading workers"). With sharded data
+  (``DATA1:DATA2:...``) and workers, fairseq 0.12 keeps every epoch's workers alive to the end of the run: a
+  warning says so.
 """
 
 import ctypes
@@ -48,6 +53,7 @@ def main(argv: Optional[List[str]] = None) -> None:
         args.tpu = False  # options.py sets tpu whenever bf16
     if args.cpu and args.fp16:
         args.fp16_no_flatten_grads = True  # flat fp32 master weights are allocated with torch.cuda.current_device()
+    _load_batches_in_trainer(args, given)
     spawn = _setup_cpu_distributed(args, given)
     cfg = convert_namespace_to_omegaconf(args)
     if spawn:
@@ -66,6 +72,20 @@ def _patched_fairseq_main(cfg, **kwargs) -> None:
         keep_freed_memory()
     install_training_fixes()
     fairseq_main(cfg, **kwargs)
+
+
+def _load_batches_in_trainer(args, given) -> None:
+    """``--num-workers 0`` with ``--cpu`` unless the flag is ``given``: no data-loading worker forks the trainer.
+    Workers with sharded data get a warning, on any device."""
+    if args.cpu and "--num-workers" not in given:
+        args.num_workers = 0
+    if args.num_workers > 0 and len(args.data.split(os.pathsep)) > 1:
+        logger.warning(
+            "--num-workers %d with sharded data: fairseq 0.12 keeps each epoch's data-loading workers alive until "
+            "training ends, one more set an epoch, each holding a copy of the trainer's memory as it changes; "
+            "--num-workers 0 makes batches in the trainer",
+            args.num_workers,
+        )
 
 
 def _configure_logging() -> None:

@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from cli_helpers import make_splits, preprocess
 from utils import build_model
 
-from benchmarks import ablations, alone, bf16_generation, checkpoint_activations, measure
+from benchmarks import ablations, alone, bf16_generation, checkpoint_activations, data_workers, measure
 from benchmarks.against_revision import module_at
 from benchmarks.measure import count_flops
 from benchmarks.op_split import PRODUCTS, OperatorTimer, split_update
@@ -350,6 +350,20 @@ def test_against_revision_loads_a_module_as_committed_beside_todays():
     for module in (old, label_smoothed_loss):
         loss, nll = module.label_smoothed_nll_loss_from_logits(logits, target, 0.1, ignore_index=-100)
         torch.testing.assert_close(nll, F.cross_entropy(logits, target, reduction="sum"))
+
+
+def test_data_workers_measures_a_commands_whole_process_tree():
+    """``benchmarks.data_workers``: a run's memory is its processes' together, children included."""
+    import sys
+
+    script = (
+        "import subprocess, sys, time; c = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(3)']); "
+    )
+    script += "x = b'1' * (200 << 20); time.sleep(2); c.wait()"
+    seconds, peak, most = data_workers.run([sys.executable, "-c", script], {})
+    assert seconds >= 3 and most == 2  # the command and its child
+    assert peak >= 200  # the parent's 200 MiB of ones: its own pages
+    assert data_workers.VARIANTS == {"in-trainer": [], "worker": ["--num-workers", "1"]}
 
 
 def test_alone_times_a_variant_in_a_fresh_process():

@@ -47,6 +47,12 @@ def test_two_processes_train_over_gloo(runs):
     assert "'distributed_backend': 'gloo'" in two and "'ddp_backend': 'legacy_ddp'" in two
 
 
+def test_batches_are_made_in_each_trainer_on_a_cpu(runs):
+    """No data-loading worker forks a CPU trainer (``--num-workers 0`` unless given), in either kind of run."""
+    _, two, one = runs
+    assert "'num_workers': 0" in two and "'num_workers': 0" in one
+
+
 def test_two_processes_equal_update_freq_two(runs):
     """Same loss at every update (as logged: to 3 decimals, at most one unit of the last apart) and same
     parameters after UPDATES updates, within TOLERANCE; the intermediate checkpoint of the other run is far outside

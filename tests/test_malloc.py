@@ -1,11 +1,15 @@
 """The training entry's malloc setting (``keep_freed_memory``): a large tensor comes from malloc's heap instead of a
-fresh mapping, and stays there for reuse once freed; left alone where the environment sets malloc's options."""
+fresh mapping, and stays there for reuse once freed; left alone where the environment sets malloc's options. And
+its data loading on a CPU: batches made in the trainer, no worker forking it, unless workers are asked for."""
 
 import os
 import subprocess
 import sys
+from types import SimpleNamespace
 
 import pytest
+
+from fairseq_convs2s.train import _load_batches_in_trainer
 
 # in a fresh process: apply (or not) the setting, allocate 100 MB, free it; glibc's own accounting (mallinfo2)
 # says whether it was mapped afresh and whether its memory stayed in the heap for the next allocation
@@ -65,3 +69,21 @@ def test_the_users_own_malloc_options_win():
     applied, mapped, kept = _run("keep", MALLOC_MMAP_MAX_="65536")  # glibc's default value
     assert not applied
     assert mapped >= 95 and kept < 95
+
+
+@pytest.mark.parametrize(
+    "cpu, given, workers",
+    [(True, [], 0), (True, ["--num-workers"], 3), (False, [], 3)],
+)
+def test_a_cpu_trainer_makes_its_batches_itself_unless_told_otherwise(cpu, given, workers, caplog):
+    args = SimpleNamespace(cpu=cpu, num_workers=3, data="data-bin")
+    _load_batches_in_trainer(args, set(given))
+    assert args.num_workers == workers and not caplog.records
+
+
+@pytest.mark.parametrize("cpu", [True, False])
+def test_workers_with_sharded_data_are_warned_about(cpu, caplog):
+    args = SimpleNamespace(cpu=cpu, num_workers=2, data=f"shard0{os.pathsep}shard1")
+    _load_batches_in_trainer(args, {"--num-workers"})
+    assert args.num_workers == 2
+    assert "--num-workers 2 with sharded data: fairseq 0.12 keeps each epoch's" in caplog.text
