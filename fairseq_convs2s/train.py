@@ -79,7 +79,9 @@ def _load_batches_in_trainer(args, given) -> None:
     Workers with sharded data get a warning, on any device."""
     if args.cpu and "--num-workers" not in given:
         args.num_workers = 0
-    if args.num_workers > 0 and len(args.data.split(os.pathsep)) > 1:
+    from fairseq import utils
+
+    if args.num_workers > 0 and len(utils.split_paths(args.data)) > 1:  # fairseq's own reading of DATA1:DATA2
         logger.warning(
             "--num-workers %d with sharded data: fairseq 0.12 keeps each epoch's data-loading workers alive until "
             "training ends, one more set an epoch, each holding a copy of the trainer's memory as it changes; "
