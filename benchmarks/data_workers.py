@@ -13,7 +13,6 @@ DATA may be sharded, ``DIR1:DIR2:...`` (one shard an epoch), as fairseq-train ta
 """
 
 import argparse
-import os
 import statistics
 import subprocess
 import tempfile
@@ -54,19 +53,21 @@ def pss_mib(pid: int) -> float:
     return 0.0
 
 
-def run(cmd, env) -> tuple:
-    """Run one training; returns (seconds, peak MiB of its processes, most processes at once)."""
-    started = time.perf_counter()
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
-    peak, most = 0.0, 0
-    while proc.poll() is None:
-        tree = process_tree(proc.pid)
-        peak, most = max(peak, sum(pss_mib(pid) for pid in tree)), max(most, len(tree))
-        time.sleep(0.5)
-    seconds = time.perf_counter() - started
-    output = proc.stdout.read()
-    if proc.returncode != 0:
-        raise SystemExit(f"training failed:\n{output[-3000:]}")
+def run(cmd, env=None) -> tuple:
+    """Run one training; returns (seconds, peak MiB of its processes, most processes at once). Its output goes to a
+    file, not a pipe read at the end, which a long log would fill and so stall the run."""
+    with tempfile.TemporaryFile("w+") as log:
+        started = time.perf_counter()
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, text=True, env=env)
+        peak, most = 0.0, 0
+        while proc.poll() is None:
+            tree = process_tree(proc.pid)
+            peak, most = max(peak, sum(pss_mib(pid) for pid in tree)), max(most, len(tree))
+            time.sleep(0.5)
+        seconds = time.perf_counter() - started
+        if proc.returncode != 0:
+            log.seek(0)
+            raise SystemExit(f"training failed:\n{log.read()[-3000:]}")
     return seconds, peak, most
 
 
@@ -88,7 +89,7 @@ def main(argv=None):
                 flags = VARIANTS[name]
                 cmd, _ = command(Path(args.data), "convs2s", args.updates, 100, f"{tmp}/{name}{round_}")
                 cmd = [c for c in cmd if c not in ("--disable-validation", "--no-save")] + flags
-                results[name].append(run(cmd, dict(os.environ)))
+                results[name].append(run(cmd))
                 seconds, peak, most = results[name][-1]
                 print(f"round {round_ + 1}, {name}: {seconds:.1f} s, {peak:.0f} MiB, {most} processes", flush=True)
     print("\n| variant | seconds, median (runs) | peak MiB, median (runs) | most processes |\n|---|---|---|---|")
