@@ -121,7 +121,7 @@ def run(cmd: Sequence, log: Optional[Path] = None, append: bool = False, quiet: 
 def train_command() -> List[str]:
     """fairseq-train; on a CPU the plugin's entry to it, ``python -m fairseq_convs2s.train`` (the same flags and
     training loop; on a CPU it keeps the memory an update frees for the next, where glibc would map each large
-    tensor afresh: 1.48x and 1.58x the words/s of Multi30k updates: README, "Memory on CPUs")."""
+    tensor afresh: BENCHMARKS.md, "What bounds them")."""
     import torch
 
     return fairseq("train") if torch.cuda.is_available() else [sys.executable, "-m", "fairseq_convs2s.train"]
