@@ -136,8 +136,9 @@ class _SummedLabelSmoothedFromLogits(torch.autograd.Function):
 
 def _softmax_and_lse(x: Tensor, out: Tensor) -> Tuple[Tensor, Tensor]:
     """The softmax of the rows of x (rows x V, fp32 or fp64) written into ``out`` (x itself may be: softmax's own
-    kernel reads a row's maximum before it writes any of the row; 0.9 ms a 256-row chunk against 1.2 for
-    subtracting the maximum, exp_ and a sum), and each row's log-sum-exp (rows), from one exponential per logit."""
+    kernel reads a row's maximum before it writes any of the row, and is cheaper than subtracting the maximum, exp_
+    and a sum: BENCHMARKS.md, "Tried and dropped", ``chunk_forms``), and each row's log-sum-exp (rows), from one
+    exponential per logit."""
     row_max = x.amax(-1)  # rows
     p = torch.ops.aten._softmax.out(x, -1, False, out=out)  # rows x V: p_ij
     # at the row's maximum p = exp(0) / sum_j exp(x_ij - max_i), so -log of p's maximum is that sum's log
