@@ -53,12 +53,12 @@ def pss_mib(pid: int) -> float:
     return 0.0
 
 
-def run(cmd, env=None) -> tuple:
+def run(cmd) -> tuple:
     """Run one training; returns (seconds, peak MiB of its processes, most processes at once). Its output goes to a
     file, not a pipe read at the end, which a long log would fill and so stall the run."""
     with tempfile.TemporaryFile("w+") as log:
         started = time.perf_counter()
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, text=True, env=env)
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, text=True)
         peak, most = 0.0, 0
         while proc.poll() is None:
             tree = process_tree(proc.pid)

@@ -360,7 +360,7 @@ def test_data_workers_measures_a_commands_whole_process_tree():
         "import subprocess, sys, time; c = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(3)']); "
     )
     script += "x = b'1' * (200 << 20); time.sleep(2); c.wait()"
-    seconds, peak, most = data_workers.run([sys.executable, "-c", script], {})
+    seconds, peak, most = data_workers.run([sys.executable, "-c", script])
     assert seconds >= 3 and most == 2  # the command and its child
     assert peak >= 200  # the parent's 200 MiB of ones: its own pages
     assert data_workers.VARIANTS == {"in-trainer": [], "worker": ["--num-workers", "1"]}
