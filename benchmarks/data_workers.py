@@ -87,8 +87,8 @@ def main(argv=None):
         for round_ in range(args.rounds):
             for name in variants if round_ % 2 == 0 else variants[::-1]:
                 flags = VARIANTS[name]
-                cmd, _ = command(Path(args.data), "convs2s", args.updates, 100, f"{tmp}/{name}{round_}")
-                cmd = [c for c in cmd if c not in ("--disable-validation", "--no-save")] + flags
+                cmd, _ = command(Path(args.data), "convs2s", args.updates, 100, f"{tmp}/{name}{round_}", validate=True)
+                cmd += flags
                 results[name].append(run(cmd))
                 seconds, peak, most = results[name][-1]
                 print(f"round {round_ + 1}, {name}: {seconds:.1f} s, {peak:.0f} MiB, {most} processes", flush=True)

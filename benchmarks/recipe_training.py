@@ -45,8 +45,11 @@ VARIANTS = {
 _RECORD = re.compile(r"\| train_inner \| (\{.*\})\s*$")
 
 
-def command(data: Path, variant: str, updates: int, interval: int, save_dir: str, extra: str = ""):
-    """The recipe's training command for ``variant`` (Multi30k's flags), cut to ``updates`` updates."""
+def command(data: Path, variant: str, updates: int, interval: int, save_dir: str, extra: str = "", validate=False):
+    """The recipe's training command for ``variant`` (Multi30k's flags), cut to ``updates`` updates.
+
+    Without ``validate`` it times the updates alone: no validation, no checkpoints.
+    """
     import torch
 
     arch, precision, criterion, separate = VARIANTS[variant]
@@ -58,7 +61,8 @@ def command(data: Path, variant: str, updates: int, interval: int, save_dir: str
     cmd = [sys.executable, "-m", "fairseq_convs2s.train", str(data), "--user-dir", str(REPO / "fairseq_convs2s")]
     cmd += ["--arch", arch, "--lr", "0.25", "--dropout", "0.2", "--max-tokens", "4000"]
     cmd += [*training.optimization_flags(), "--max-update", str(updates), *fastest]
-    cmd += ["--seed", "1", "--cpu", "--disable-validation", "--no-save", "--save-dir", save_dir]
+    cmd += ["--seed", "1", "--cpu", "--save-dir", save_dir]
+    cmd += [] if validate else ["--disable-validation", "--no-save"]
     cmd += ["--log-format", "json", "--log-interval", str(interval), *shlex.split(extra)]
     return [str(c) for c in cmd], notes
 

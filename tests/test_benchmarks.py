@@ -17,6 +17,7 @@ from benchmarks.against_revision import module_at
 from benchmarks.measure import count_flops
 from benchmarks.op_split import PRODUCTS, OperatorTimer, split_update
 from benchmarks.real_batches import main as real_batches_main
+from benchmarks.recipe_training import command as recipe_training_command
 from benchmarks.recipe_training import main as recipe_training_main
 from benchmarks.report import render
 from benchmarks.risk_update import VARIANTS as RISK_VARIANTS
@@ -197,6 +198,16 @@ def test_recipe_training_alternates_the_recipes_commands_and_gives_ratios(tmp_pa
     assert re.search(r"^convs2s: .*; embeddings: one table for both languages", printed, re.M)
     assert re.search(r"^convs2s-separate: .*; embeddings: separate source, target and output tables", printed, re.M)
     assert re.search(r"^\| 1 \| \d+ \| \d+ \(\*\*[0-9.]+x\*\*\) \| \d+ \(", printed, re.M), printed
+
+
+def test_recipe_training_command_validates_and_saves_only_when_asked(tmp_path):
+    """``benchmarks.recipe_training.command`` times updates alone unless ``validate``: then the whole run's epoch
+    ends, validation and checkpoints, as ``benchmarks.data_workers`` measures them."""
+    alone, _ = recipe_training_command(tmp_path, "convs2s", 4, 1, str(tmp_path / "ckpt"))
+    whole, _ = recipe_training_command(tmp_path, "convs2s", 4, 1, str(tmp_path / "ckpt"), validate=True)
+    assert {"--disable-validation", "--no-save"} <= set(alone)
+    assert not {"--disable-validation", "--no-save"} & set(whole)
+    assert [c for c in alone if c not in ("--disable-validation", "--no-save")] == whole
 
 
 def test_real_batches_profile_prints_both_models_operators(tmp_path, capsys):
