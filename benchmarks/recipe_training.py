@@ -45,7 +45,9 @@ VARIANTS = {
 _RECORD = re.compile(r"\| train_inner \| (\{.*\})\s*$")
 
 
-def command(data: Path, variant: str, updates: int, interval: int, save_dir: str, extra: str = "", validate=False):
+def command(
+    data: Path, variant: str, updates: int, interval: int, save_dir: str, extra: str = "", validate: bool = False
+):
     """The recipe's training command for ``variant`` (Multi30k's flags), cut to ``updates`` updates.
 
     Without ``validate`` it times the updates alone: no validation, no checkpoints.
