@@ -1,11 +1,10 @@
 """examples/recipes/curve.py: parsing a fairseq-train log into a validation curve, and writing it as TSV and PNG."""
 
-import struct
 import sys
-import zlib
 from pathlib import Path
 
 import pytest
+from png_reader import pixel, read_png
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO_ROOT / "examples"))
@@ -80,34 +79,6 @@ def test_tsv_round_trip(tmp_path):
         minutes, epoch, updates, loss, nll, ppl = line.split("\t")
         assert (int(epoch), int(updates), float(loss), float(nll), float(ppl)) == point[1:]
         assert float(minutes) == pytest.approx(point.minutes, abs=0.005)
-
-
-def read_png(path):
-    """Check the PNG's structure chunk by chunk; return (width, height, rows of RGB bytes)."""
-    data = Path(path).read_bytes()
-    assert data[:8] == b"\x89PNG\r\n\x1a\n"
-    chunks, offset = [], 8
-    while offset < len(data):
-        (length,) = struct.unpack(">I", data[offset : offset + 4])
-        tag, body = data[offset + 4 : offset + 8], data[offset + 8 : offset + 8 + length]
-        (crc,) = struct.unpack(">I", data[offset + 8 + length : offset + 12 + length])
-        assert len(body) == length and crc == zlib.crc32(tag + body) & 0xFFFFFFFF, tag
-        chunks.append((tag, body))
-        offset += 12 + length
-    assert offset == len(data)
-    assert [tag for tag, _ in chunks][0] == b"IHDR" and chunks[-1] == (b"IEND", b"")
-    width, height, depth, colour_type, compression, filtering, interlace = struct.unpack(">IIBBBBB", chunks[0][1])
-    assert (depth, colour_type, compression, filtering, interlace) == (8, 2, 0, 0, 0)
-    raw = zlib.decompress(b"".join(body for tag, body in chunks if tag == b"IDAT"))
-    assert len(raw) == width * height * 3 + height
-    stride = width * 3 + 1
-    rows = [raw[y * stride : (y + 1) * stride] for y in range(height)]
-    assert all(row[0] == 0 for row in rows)
-    return width, height, [row[1:] for row in rows]
-
-
-def pixel(rows, x, y):
-    return tuple(rows[y][3 * x : 3 * x + 3])
 
 
 def test_png_plots_the_points(tmp_path):

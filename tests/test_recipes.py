@@ -11,6 +11,7 @@ import io
 import os
 import re
 import shlex
+import shutil
 import subprocess
 import sys
 import tarfile
@@ -325,6 +326,46 @@ def test_gigaword_with_duc(runs):
     pieces = [len(line.split("\t")[1].split()) - 1 for line in generated.splitlines() if line.startswith("P-")]
     assert len(pieces) == 8 and min(pieces) >= 14, pieces
     assert "ROUGE-1/2/L 35.88/17.48/33.29" in output  # the paper's numbers, printed for comparison
+
+
+def test_compare_reads_real_runs(runs, tmp_path):
+    """examples/recipes/compare.py, run as a user runs it, on what the recipes wrote: the Multi30k run against a
+    copy of it that translated every test sentence as its reference; Gigaword's ROUGE run against itself."""
+    runs["multi30k"].result()
+    out = runs["multi30k"].out
+    perfect = tmp_path / "perfect"
+    (perfect / "checkpoints").mkdir(parents=True)
+    shutil.copytree(out / "raw", perfect / "raw")
+    for name in ("train.log", "checkpoints/chosen.txt"):
+        shutil.copy(out / name, perfect / name)
+    refs = lines(out / "raw" / "test.de")
+    (perfect / "test.auto.hyp").write_text("".join(r + "\n" for r in refs), encoding="utf-8")
+    (perfect / "score-test.auto.txt").write_text(scoring.bleu(refs, [refs]) + "\n", encoding="utf-8")
+    png = tmp_path / "both.png"
+    script = REPO_ROOT / "examples" / "recipes" / "compare.py"
+    result = subprocess.run(
+        [sys.executable, str(script), str(out), str(perfect), "--png", str(png)],
+        capture_output=True, text=True, timeout=120, cwd=tmp_path,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    updates = max(map(int, re.findall(r"num_updates (\d+)", (out / "train.log").read_text())))
+    bleu = BLEU_LINE.search((out / "score-test.auto.txt").read_text()).group(1)
+    chosen = (out / "checkpoints" / "chosen.txt").read_text().split("\t")[0]
+    row = rf"^\| out \| convs2s_iwslt_de_en \| 1 \| [0-9.]+ \| {updates:,} \| .* \| {chosen} \| BLEU {bleu} \|$"
+    assert re.search(row, result.stdout, re.M), result.stdout
+    assert f"test.auto: BLEU against out ({float(bleu):.2f}), paired bootstrap, 1000 resamples" in result.stdout
+    difference = float(re.search(r"^   perfect: 100\.00 \(\+([0-9.]+), p = 0\.0010; ", result.stdout, re.M).group(1))
+    assert difference == pytest.approx(100 - float(bleu), abs=0.011)
+    assert png.read_bytes().startswith(b"\x89PNG\r\n\x1a\n")
+
+    runs["gigaword"].result()
+    giga = subprocess.run(
+        [sys.executable, str(script), str(runs["gigaword"].out), str(runs["gigaword"].out)],
+        capture_output=True, text=True, timeout=120, cwd=tmp_path,
+    )  # fmt: skip
+    assert giga.returncode == 0, giga.stderr[-3000:]
+    assert "| ROUGE-1 = " in giga.stdout and "F1;" not in giga.stdout
+    assert "duc2004.auto: no paired test: the paired bootstrap here is sacreBLEU's, for BLEU scores" in giga.stdout
 
 
 # ---- the helpers, in-process -----------------------------------------------------------------------------------

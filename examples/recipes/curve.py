@@ -1,7 +1,8 @@
 """The curve of a recipe's training run: validation perplexity against wall-clock minutes, as TSV and as a PNG drawn
 without plotting libraries, so a user sees what more training time would buy.
 
-read_validation_curve() parses a fairseq-train log; write_curve_tsv() and write_curve_png() write the curve out.
+read_validation_curve() parses a fairseq-train log; write_curve_tsv() and write_curve_png() write the curve out,
+write_curves_png() several runs' curves in one picture.
 Standard library only: the PNG is assembled by hand (zlib + struct) and its text uses the 5x7 bitmap font below.
 """
 
@@ -16,6 +17,8 @@ from typing import Dict, List, NamedTuple, Optional, Sequence, Tuple
 WIDTH, HEIGHT = 640, 400
 WHITE, INK, GRID = (255, 255, 255), (40, 40, 40), (225, 225, 225)
 LINE_COLOUR = (20, 50, 140)
+# one colour a run in a picture of several (write_curves_png), the single run's first
+SERIES_COLOURS = (LINE_COLOUR, (200, 80, 20), (30, 130, 60), (150, 40, 150), (110, 110, 20), (20, 140, 160))
 
 # 5x7 glyphs, one "char=hex" token each: seven rows of five bits, the leftmost pixel in bit 4.
 _GLYPH_TABLE = """
@@ -217,8 +220,20 @@ def _text_width(text: str, scale: int = 1) -> int:
 
 def write_curve_png(points: Sequence[CurvePoint], path, title: str) -> None:
     """Draw validation perplexity (log scale) against training minutes as a 640x400 RGB PNG at ``path``."""
-    area = plot_area(points)
-    points = [p for p in points if math.isfinite(p.ppl) and p.ppl > 0 and math.isfinite(p.minutes)]
+    write_curves_png([("", points)], path, title)
+
+
+def write_curves_png(series: Sequence[Tuple[str, Sequence[CurvePoint]]], path, title: str) -> None:
+    """Draw several runs' curves, ``(name, points)`` each, on one pair of axes: one colour a run
+    (``SERIES_COLOURS`` in order), named with its last perplexity in a legend; a single run gets no legend, its
+    last perplexity beside its last point."""
+    if len(series) > len(SERIES_COLOURS):
+        raise ValueError(f"{len(series)} curves: one picture draws at most {len(SERIES_COLOURS)}")
+    series = [
+        (name, [p for p in points if math.isfinite(p.ppl) and p.ppl > 0 and math.isfinite(p.minutes)])
+        for name, points in series
+    ]
+    area = plot_area([p for _, points in series for p in points])
     canvas = _Canvas(WIDTH, HEIGHT)
     for value in area.y_ticks:
         y = area.y_pixel(value)
@@ -239,12 +254,22 @@ def write_curve_png(points: Sequence[CurvePoint], path, title: str) -> None:
     canvas.text(10, area.top - 16, "validation perplexity", INK)
     x_title = "training minutes"
     canvas.text((area.left + area.right - _text_width(x_title)) // 2, area.bottom + 27, x_title, INK)
-    xy = [(area.x_pixel(p.minutes), area.y_pixel(p.ppl)) for p in points]
-    for (x0, y0), (x1, y1) in zip(xy, xy[1:]):
-        canvas.line(x0, y0, x1, y1, LINE_COLOUR)
-    for x, y in xy:
-        canvas.rect(x - 2, y - 2, 5, 5, LINE_COLOUR)
-    label, (x, y) = f"{points[-1].ppl:.2f}", xy[-1]
-    label_x = x + 6 if x + 6 + _text_width(label) < WIDTH - 2 else x - 6 - _text_width(label)
-    canvas.text(label_x, y - 12 if y - 12 >= 0 else y + 6, label, LINE_COLOUR)
+    legend = []
+    for (name, points), colour in zip(series, SERIES_COLOURS):
+        xy = [(area.x_pixel(p.minutes), area.y_pixel(p.ppl)) for p in points]
+        for (x0, y0), (x1, y1) in zip(xy, xy[1:]):
+            canvas.line(x0, y0, x1, y1, colour)
+        for x, y in xy:
+            canvas.rect(x - 2, y - 2, 5, 5, colour)
+        last = f"{points[-1].ppl:.2f}" if points else "no points"
+        legend.append((f"{name}: {last}", colour))
+        if len(series) == 1:  # no legend: the last perplexity beside the last point
+            x, y = xy[-1]
+            label_x = x + 6 if x + 6 + _text_width(last) < WIDTH - 2 else x - 6 - _text_width(last)
+            canvas.text(label_x, y - 12 if y - 12 >= 0 else y + 6, last, colour)
+    if len(series) > 1:  # top right, inside the plot, where the falling curves are not
+        for i, (label, colour) in enumerate(legend):
+            x, y = area.right - 8 - _text_width(label) - 14, area.top + 8 + 12 * i
+            canvas.rect(x, y + 2, 9, 3, colour)
+            canvas.text(x + 14, y, label, colour)
     Path(path).write_bytes(canvas.png())
