@@ -89,7 +89,7 @@ def test_png_plots_the_points(tmp_path):
     assert (width, height) == (WIDTH, HEIGHT)
     assert any(byte != 255 for row in rows for byte in row)
     area = plot_area(points)
-    assert area.x_ticks[0] == 0 and area.x_max >= points[-1].minutes
+    assert area.x_ticks[0] == 0 and area.x_max * 1.01 >= points[-1].minutes
     for point in points:
         x, y = area.x_pixel(point.minutes), area.y_pixel(point.ppl)
         assert area.left < x <= area.right and area.top <= y <= area.bottom
@@ -105,6 +105,20 @@ def test_png_plots_the_points(tmp_path):
     # log scale: the y ticks are the nice values 1, 2, 5 x 10^k enclosing the perplexities
     assert area.y_ticks == (50.0, 100.0, 200.0, 500.0)
     assert area.y_pixel(100) - area.y_pixel(1000) == pytest.approx(area.y_pixel(10) - area.y_pixel(100), abs=1)
+
+
+def test_a_budgets_last_point_just_past_the_minute_keeps_the_axis(tmp_path):
+    """A 30-minute budget validates last at 30.08 min: the axis ends at 30, not at the next step (40)."""
+    points = [CurvePoint(7.5 * i, i, 100 * i, 5.0, 4.0, 60.0 / i) for i in range(1, 4)]
+    points.append(CurvePoint(30.08, 4, 400, 5.0, 4.0, 12.0))
+    area = plot_area(points)
+    assert area.x_max == 30 and area.x_ticks == (0, 5, 10, 15, 20, 25, 30)
+    path = tmp_path / "curve.png"
+    write_curve_png(points, path, "budget")
+    _, _, rows = read_png(path)
+    x, y = area.x_pixel(30.08), area.y_pixel(12.0)
+    assert area.right < x < WIDTH and pixel(rows, x, y) == LINE_COLOUR  # in the right margin, drawn
+    assert plot_area(points[:-1] + [CurvePoint(30.4, 4, 400, 5.0, 4.0, 12.0)]).x_max >= 30.4  # past 1%: covered
 
 
 def test_no_points_raises(tmp_path):

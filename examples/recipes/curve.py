@@ -154,9 +154,11 @@ def plot_area(points: Sequence[CurvePoint]) -> PlotArea:
     points = [p for p in points if math.isfinite(p.ppl) and p.ppl > 0 and math.isfinite(p.minutes)]
     if not points:
         raise ValueError("no validation points with a finite positive perplexity to plot")
-    last = max(max(p.minutes for p in points), 0.0)
-    step = _nice_step(last or 1.0)
-    x_max = math.ceil((last or 1.0) / step - 1e-9) * step
+    # a budget's last validation comes seconds after its round number of minutes (30.08 of 30): the axis may end
+    # up to 1% before the last point, which then lies in the right margin, rather than a whole step after it
+    span = (max(max(p.minutes for p in points), 0.0) or 1.0) / 1.01
+    step = _nice_step(span)
+    x_max = math.ceil(span / step - 1e-9) * step
     lo, hi = min(p.ppl for p in points), max(p.ppl for p in points)
     if hi / lo < 1.01:
         lo, hi = lo / 2, hi * 2
