@@ -175,6 +175,12 @@ def test_usage_errors(two_runs, tmp_path, capsys):
     with pytest.raises(SystemExit, match="--png draws at most 6 runs in one picture; 7 given"):
         compare.main([str(a)] * 7 + ["--png", str(tmp_path / "x.png")])
     assert not (tmp_path / "x.png").exists()
+    for out in (a, b):  # runs that never validated: their table, no picture
+        (out / "train.log").write_text(CONFIG.format(seed=1, arch="convs2s_iwslt_de_en"))
+    with pytest.raises(SystemExit, match="no run has validation points in its train.log: no picture"):
+        compare.main([str(a), str(b), "--png", str(tmp_path / "x.png")])
+    # no minutes, updates, words/s or perplexity columns to fill; the model tested and its score still shown
+    assert row(capsys.readouterr().out, "fconv_s1")[3:8] == ["-", "-", "-", "-", "checkpoint_best.pt"]
 
 
 def test_curves_png_more_than_its_colours_is_an_error(tmp_path):
