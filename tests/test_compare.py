@@ -197,3 +197,15 @@ def test_curves_png_with_a_run_without_points(tmp_path):
     area = plot_area(points)
     assert pixel(rows, area.x_pixel(2.0), area.y_pixel(9.0)) == SERIES_COLOURS[0]
     assert any(pixel(rows, x, y) == SERIES_COLOURS[1] for y in range(area.top, area.top + 40) for x in range(600))
+
+
+def test_curves_png_long_names_stay_inside_the_picture(tmp_path):
+    points = [CurvePoint(1.0, 1, 10, 5.0, 4.0, 30.0), CurvePoint(2.0, 2, 20, 4.0, 3.0, 9.0)]
+    path = tmp_path / "x.png"
+    names = ["/a/very/long/path/" * 8 + "convs2s_seed1", "/a/very/long/path/" * 8 + "fconv_seed1"]
+    write_curves_png([(names[0], points), (names[1], points[:1])], path, "long names")
+    _, _, rows = read_png(path)
+    area = plot_area(points)
+    for colour in SERIES_COLOURS[:2]:  # each run's legend line, its name cut at the front, lies inside the plot
+        xs = [x for y in range(area.top, area.top + 40) for x in range(640) if pixel(rows, x, y) == colour]
+        assert xs and min(xs) > area.left

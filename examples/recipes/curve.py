@@ -270,7 +270,9 @@ def write_curves_png(series: Sequence[Tuple[str, Sequence[CurvePoint]]], path, t
             label_x = x + 6 if x + 6 + _text_width(last) < WIDTH - 2 else x - 6 - _text_width(last)
             canvas.text(label_x, y - 12 if y - 12 >= 0 else y + 6, last, colour)
     if len(series) > 1:  # top right, inside the plot, where the falling curves are not
+        room = (area.right - area.left - 30) // 6  # characters that fit beside the swatch
         for i, (label, colour) in enumerate(legend):
+            label = label if len(label) <= room else ".." + label[len(label) - room + 2 :]  # the name's end shows
             x, y = area.right - 8 - _text_width(label) - 14, area.top + 8 + 12 * i
             canvas.rect(x, y + 2, 9, 3, colour)
             canvas.text(x + 14, y, label, colour)
