@@ -67,11 +67,11 @@ def read_run(out: Path, name: str) -> Run:
     wps = [float(w) for w in _WPS_RE.findall(log)]
     chosen = out / "checkpoints" / "chosen.txt"
     tested = chosen.read_text(encoding="utf-8").split("\t")[0].strip() if chosen.is_file() else "-"
-    scores = {
-        path.name[len("score-") : -len(".txt")]: path.read_text(encoding="utf-8").splitlines()[0]
-        for path in sorted(out.glob("score-*.txt"))
-        if path.read_text(encoding="utf-8").strip()
-    }
+    scores = {}
+    for path in sorted(out.glob("score-*.txt")):
+        report = path.read_text(encoding="utf-8")
+        if report.strip():
+            scores[path.name[len("score-") : -len(".txt")]] = report.splitlines()[0]
     return Run(
         name=name,
         out=out,
@@ -128,12 +128,10 @@ def runs_table(runs: Sequence[Run]) -> List[str]:
 
 def references(run: Run, test_set: str) -> List[List[str]]:
     """The reference streams the recipe scored ``test_set`` against: raw/<set>.<tgt> and any raw/<set>.<tgt>.ref*."""
-    raw = run.out / "raw"
-    main = raw / f"{test_set}.{run.target_lang}"
+    main = run.out / "raw" / f"{test_set}.{run.target_lang}"
     if not main.is_file():
         raise SystemExit(f"{run.out}: {main} is missing: the recipe's references for {test_set}")
-    extra = sorted(raw.glob(f"{test_set}.{run.target_lang}.ref*"))
-    return [text.read_lines(p) for p in [main, *extra]]
+    return text.read_references(run.out / "raw", test_set, run.target_lang)
 
 
 def paired_bleu(runs: Sequence[Run], tag: str, resamples: int) -> List[str]:
@@ -146,7 +144,7 @@ def paired_bleu(runs: Sequence[Run], tag: str, resamples: int) -> List[str]:
     refs = references(runs[0], test_set)
     systems = []
     for r in runs:
-        if references(r, test_set) != refs:
+        if r is not runs[0] and references(r, test_set) != refs:
             raise SystemExit(
                 f"{r.out}: its {test_set} references differ from {runs[0].out}'s: not the same test set, no paired test"
             )

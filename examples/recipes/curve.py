@@ -149,9 +149,14 @@ class PlotArea:
         return round(self.bottom - fraction * (self.bottom - self.top))
 
 
+def _plottable(points: Sequence[CurvePoint]) -> List[CurvePoint]:
+    """The points a log-scale plot can place: a finite positive perplexity at a finite minute."""
+    return [p for p in points if math.isfinite(p.ppl) and p.ppl > 0 and math.isfinite(p.minutes)]
+
+
 def plot_area(points: Sequence[CurvePoint]) -> PlotArea:
     """The axes write_curve_png() draws for these points (raises ValueError when there is nothing to plot)."""
-    points = [p for p in points if math.isfinite(p.ppl) and p.ppl > 0 and math.isfinite(p.minutes)]
+    points = _plottable(points)
     if not points:
         raise ValueError("no validation points with a finite positive perplexity to plot")
     # a budget's last validation comes seconds after its round number of minutes (30.08 of 30): the axis may end
@@ -231,10 +236,7 @@ def write_curves_png(series: Sequence[Tuple[str, Sequence[CurvePoint]]], path, t
     last perplexity beside its last point."""
     if len(series) > len(SERIES_COLOURS):
         raise ValueError(f"{len(series)} curves: one picture draws at most {len(SERIES_COLOURS)}")
-    series = [
-        (name, [p for p in points if math.isfinite(p.ppl) and p.ppl > 0 and math.isfinite(p.minutes)])
-        for name, points in series
-    ]
+    series = [(name, _plottable(points)) for name, points in series]
     area = plot_area([p for _, points in series for p in points])
     canvas = _Canvas(WIDTH, HEIGHT)
     for value in area.y_ticks:

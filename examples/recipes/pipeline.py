@@ -514,8 +514,7 @@ def write_hypotheses(generate_log: Path, hyp_file: Path) -> None:
 def score(recipe: Recipe, eval_set: EvalSet, hyp_file: Path, raw: Path, tgt: str) -> str:
     """The score line(s) of one test set against its normalized, untokenized references."""
     hyps = text.read_lines(hyp_file)
-    ref_files = sorted(raw.glob(f"{eval_set.name}.{tgt}.ref*"))
-    refs = [text.read_lines(raw / f"{eval_set.name}.{tgt}")] + [text.read_lines(p) for p in ref_files]
+    refs = text.read_references(raw, eval_set.name, tgt)
     if any(len(r) != len(hyps) for r in refs):
         raise SystemExit(f"{hyp_file} has {len(hyps)} lines, the references {[len(r) for r in refs]}")
     if recipe.metric == "bleu":

@@ -156,3 +156,9 @@ def keep_pair(src_len: int, tgt_len: int, max_tokens: int, max_ratio: Optional[f
 def read_lines(path: Path) -> List[str]:
     with open_text(path) as f:
         return [line.rstrip("\n") for line in f]
+
+
+def read_references(raw: Path, name: str, lang: str) -> List[List[str]]:
+    """The reference streams of test set ``name``: ``raw/<name>.<lang>``, then any more as ``raw/<name>.<lang>.ref*``
+    (the recipe's layout for a set with several references, DUC's)."""
+    return [read_lines(p) for p in [raw / f"{name}.{lang}", *sorted(raw.glob(f"{name}.{lang}.ref*"))]]
