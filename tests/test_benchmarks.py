@@ -218,8 +218,15 @@ def test_real_batches_profile_prints_both_models_operators(tmp_path, capsys):
         + ["--threads", "0", "--out", str(tmp_path / "unused.json")]
     )
     out = capsys.readouterr().out
-    assert "fconv, an update on these batches" in out and "convs2s-fused, an update on these batches" in out
-    assert "aten::bernoulli_" in out.split("convs2s-fused, an update")[0]  # fconv's float dropout masks
+    fconv, convs2s = out.split("convs2s-fused, an update on these batches")
+    assert "fconv, an update on these batches" in fconv
+    for section in (fconv, convs2s):  # each model's 20 costliest operators, costliest first
+        lines = section.splitlines()
+        rows = [line.split(" | ") for line in lines[lines.index("|---|---|---|---|") + 1 :] if line.startswith("| ")]
+        assert len(rows) == 20
+        ms = [float(row[1]) for row in rows]
+        assert ms == sorted(ms, reverse=True) and ms[0] > 0
+        assert sum(float(row[2].rstrip("%")) for row in rows) <= 101  # shares of one run's total
     assert not (tmp_path / "unused.json").exists()  # profiling times nothing
 
 
