@@ -26,7 +26,7 @@ sys.path.insert(0, str(REPO_ROOT / "examples"))
 from recipes import pipeline, scoring, text  # noqa: E402
 from recipes.average_checkpoints import average_checkpoints, last_epoch_checkpoints  # noqa: E402
 from recipes.average_checkpoints import main as average_main  # noqa: E402
-from recipes.download import sgm_segments, split_train_valid  # noqa: E402
+from recipes.download import extract, sgm_segments, split_train_valid  # noqa: E402
 
 SIZES = {"train": 300, "valid": 20, "test": 20}
 TINY = [
@@ -397,8 +397,52 @@ def test_length_and_ratio_filter():
 def test_misaligned_corpus_is_an_error(tmp_path):
     write(tmp_path / "a", ["x", "y"])
     write(tmp_path / "b", ["x"])
-    with pytest.raises(ValueError, match="different numbers of lines"):
+    with pytest.raises(text.DataError, match="different numbers of lines"):
         list(text.read_pairs(tmp_path / "a", tmp_path / "b"))
+    with pytest.raises(text.DataError, match=r"gone\.de not found"):  # e.g. a corpus an archive did not hold
+        list(text.read_pairs(tmp_path / "a", tmp_path / "gone.de"))
+
+
+def multi30k_files(folder: Path, corpus, skip=(), short=()) -> Path:
+    """Multi30k's six raw files in ``folder``, without the files named in ``skip`` and one line short in ``short``."""
+    for split, prefix in (("train", "train"), ("valid", "val"), ("test", "test_2016_flickr")):
+        for side, lang in enumerate(("en", "de")):
+            name = f"{prefix}.{lang}"
+            if name not in skip:
+                sentences = [pair[side] for pair in corpus[split]]
+                write(folder / name, sentences[:-1] if name in short else sentences)
+    return folder
+
+
+@pytest.mark.parametrize(
+    "case, message",
+    [
+        ("misaligned", r"run.py: error: .*val.en and .*val.de have different numbers of lines \(.*val.en ends"),
+        ("missing", r"run.py: error: .*test_2016_flickr.de \(or test_2016_flickr.de.gz\) not found"),
+        ("unreachable", r"run.py: error: could not download file://.*/empty/train.en.gz \(.*\): give --raw-dir"),
+    ],
+)
+def test_a_corpus_the_recipe_cannot_use_is_one_line_not_a_traceback(case, message, tmp_path, corpus):
+    """A misaligned or missing raw file, or a download that fails (no internet; here a --mirror holding nothing),
+    ended in a Python traceback (ValueError, FileNotFoundError, urllib's URLError) from the data stage."""
+    if case == "unreachable":
+        (tmp_path / "empty").mkdir()
+        source = ["--mirror", (tmp_path / "empty").as_uri()]
+    else:
+        skip = {"test_2016_flickr.de"} if case == "missing" else set()
+        short = {"val.en"} if case == "misaligned" else set()
+        source = ["--raw-dir", str(multi30k_files(tmp_path / "raw", corpus, skip=skip, short=short))]
+    out = tmp_path / "out"
+    result = subprocess.run(
+        [sys.executable, str(REPO_ROOT / "examples" / "multi30k" / "run.py"), "--out", str(out), *source],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 1, result.stderr
+    assert re.fullmatch(message + r"[^\n]*\n", result.stderr), result.stderr  # one line
+    assert not list(out.glob("download/*.partial"))  # a failed download leaves no half file to trust
+    assert not (out / "raw" / "test.de").exists()  # the stage is not marked done: a fixed corpus reruns it
 
 
 @pytest.mark.parametrize("flag", ["--max-train-lines", "--vocab-size", "--average-last", "--workers"])
@@ -457,6 +501,23 @@ def test_average_checkpoints_bad_input_is_a_message_not_a_traceback(tmp_path, ca
     assert not (tmp_path / "avg.pt").exists()
     average_main(["--inputs", str(good), str(good), *out])
     assert torch.equal(torch.load(tmp_path / "avg.pt")["model"]["w"], torch.ones(2))
+
+
+@pytest.mark.parametrize("kind", ["not an archive", "cut short"])
+def test_an_archive_that_cannot_be_unpacked_is_named(kind, tmp_path):
+    """A page saved under an archive's name (a mirror's error page) or a download cut short ended in tarfile's
+    ReadError (several lines) or an EOFError traceback."""
+    import random
+
+    archive = tmp_path / "training-parallel-nc-v9.tgz"
+    make_tar(archive, {"training/news-commentary-v9.de-en.en": random.Random(0).randbytes(50_000).hex()})
+    whole = archive.read_bytes()
+    archive.write_bytes(b"<html>404</html>" if kind == "not an archive" else whole[: len(whole) // 2])
+    with pytest.raises(text.DataError) as error:
+        extract(archive, tmp_path / "orig")
+    one_line = r".*training-parallel-nc-v9.tgz cannot be unpacked \([^\n]+\): delete it and run again to download it"
+    assert re.fullmatch(one_line, str(error.value)), str(error.value)
+    assert not list((tmp_path / "orig").glob(".extracted-*"))  # the next run unpacks again
 
 
 def test_normalize():

@@ -5,14 +5,17 @@ the internet, and ``--raw-dir`` skips it entirely.
 ``file:///path`` to archives downloaded by hand).
 """
 
+import http.client
 import re
 import shutil
 import tarfile
+import urllib.error
 import urllib.request
+import zlib
 from pathlib import Path
 from typing import Callable, Iterator, Optional, Sequence, Tuple
 
-from .text import read_pairs
+from .text import DataError, read_pairs
 
 _SEG = re.compile(r"<seg.*?>(.*)</seg>")
 
@@ -30,8 +33,16 @@ def fetch(url: str, folder: Path, name: Optional[str] = None, mirror: Optional[s
     partial = target.with_name(name + ".partial")
     print(f"   downloading {url}", flush=True)
     request = urllib.request.Request(url, headers={"User-Agent": "fairseq-convs2s-recipes"})
-    with urllib.request.urlopen(request) as response, open(partial, "wb") as out:
-        shutil.copyfileobj(response, out, length=1 << 20)
+    try:
+        with urllib.request.urlopen(request) as response, open(partial, "wb") as out:
+            shutil.copyfileobj(response, out, length=1 << 20)
+    except (urllib.error.URLError, ConnectionError, TimeoutError, http.client.HTTPException) as e:
+        partial.unlink(missing_ok=True)
+        reason = e if isinstance(e, urllib.error.HTTPError) else getattr(e, "reason", None) or e  # HTTP Error 404: ...
+        raise DataError(
+            f"could not download {url} ({reason}): give --raw-dir with the corpus's files, or --mirror with a "
+            "folder or server that holds them"
+        ) from None
     partial.rename(target)  # only a complete file gets the final name, so an interrupted run downloads again
     return target
 
@@ -42,11 +53,17 @@ def extract(archive: Path, folder: Path) -> Path:
     if not marker.exists():
         print(f"   extracting {archive.name}", flush=True)
         folder.mkdir(parents=True, exist_ok=True)
-        with tarfile.open(archive) as tar:
-            if hasattr(tarfile, "data_filter"):  # Python >= 3.8.17: refuse absolute paths, links out, devices
-                tar.extractall(folder, filter="data")
-            else:
-                tar.extractall(folder)
+        try:
+            with tarfile.open(archive) as tar:
+                if hasattr(tarfile, "data_filter"):  # Python >= 3.8.17: refuse absolute paths, links out, devices
+                    tar.extractall(folder, filter="data")
+                else:
+                    tar.extractall(folder)
+        except (tarfile.TarError, EOFError, zlib.error) as e:  # not an archive, or one cut short
+            reason = str(e).splitlines()[0].rstrip(":") if str(e) else type(e).__name__
+            raise DataError(
+                f"{archive} cannot be unpacked ({reason}): delete it and run again to download it"
+            ) from None
         marker.touch()
     return folder
 

@@ -262,7 +262,10 @@ def main(recipe: Recipe, doc: str, argv: Optional[Sequence[str]] = None) -> None
     # 1 -----------------------------------------------------------------------------------------------------
     last_set = eval_sets[-1].name
     if stage("1/7 data", raw / f"{last_set}.{recipe.langs[1]}"):
-        timed("data", prepare_raw, recipe, args, raw, eval_sets)
+        try:
+            timed("data", prepare_raw, recipe, args, raw, eval_sets)
+        except text.DataError as e:
+            sys.exit(f"{parser.prog}: error: {e}")
 
     # 2 -----------------------------------------------------------------------------------------------------
     spm_model = spm_dir / "spm.model"
@@ -457,7 +460,7 @@ def prepare_raw(recipe: Recipe, args, raw: Path, eval_sets: Sequence[EvalSet]) -
         sources = text.read_lines(extra.source)
         for path, lines in zip(extra.references, refs):
             if len(lines) != len(sources):
-                raise SystemExit(f"{path} has {len(lines)} lines, {extra.source} has {len(sources)}")
+                raise text.DataError(f"{path} has {len(lines)} lines, {extra.source} has {len(sources)}")
         (raw / f"{extra.name}.{a}").write_text("".join(text.normalize(s) + "\n" for s in sources), encoding="utf-8")
         for k, lines in enumerate(refs):
             suffix = "" if k == 0 else f".ref{k}"

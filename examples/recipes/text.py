@@ -17,6 +17,11 @@ _CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f\u200b-\u200f\u2028\u2029\uf
 _SPACES = re.compile(r"\s+")
 
 
+class DataError(ValueError):
+    """A corpus the recipe cannot use as given: a file missing, two sides that do not align, a download or an
+    archive that fails. The driver reports it in one line (``run.py: error: ...``), not a traceback."""
+
+
 def open_text(path: Path):
     """Open a UTF-8 text file for reading, gzipped or not (by its ``.gz`` suffix)."""
     if path.suffix == ".gz":
@@ -29,7 +34,7 @@ def find_raw_file(folder: Path, name: str) -> Path:
     for candidate in (folder / name, folder / (name + ".gz")):
         if candidate.exists():
             return candidate
-    raise FileNotFoundError(f"{folder / name} (or {name}.gz) not found")
+    raise DataError(f"{folder / name} (or {name}.gz) not found")
 
 
 def normalize(line: str) -> str:
@@ -41,13 +46,16 @@ def normalize(line: str) -> str:
 
 
 def read_pairs(src: Path, tgt: Path, limit: Optional[int] = None) -> Iterator[Tuple[str, str]]:
-    """Aligned lines of two files; raises when their line counts differ (a misaligned corpus)."""
+    """Aligned lines of two files; raises when one is missing or their line counts differ (a misaligned corpus)."""
+    for path in (src, tgt):
+        if not path.is_file():
+            raise DataError(f"{path} not found")
     with open_text(src) as fs, open_text(tgt) as ft:
         for count, (s, t) in enumerate(itertools.zip_longest(fs, ft)):
             if limit is not None and count >= limit:
                 return
             if s is None or t is None:
-                raise ValueError(
+                raise DataError(
                     f"{src} and {tgt} have different numbers of lines ({src if s is None else tgt} "
                     f"ends after line {count})"
                 )
