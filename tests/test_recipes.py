@@ -151,11 +151,20 @@ def check_common_stages(out: Path, src: str, tgt: str, n_test: int, tag: str = "
 # ---- multi30k: local files -----------------------------------------------------------------------------------
 
 
-def start_multi30k(root: Path, corpus) -> RecipeRun:
-    raw = root / "raw-files"
+def multi30k_files(folder: Path, corpus, skip=(), short=()) -> Path:
+    """Multi30k's six raw files of the shared corpus in ``folder`` (train gzipped, as on GitHub), without those
+    named in ``skip`` and one line short in those named in ``short`` (names such as ``"val.en"``)."""
     for split, prefix in (("train", "train"), ("valid", "val"), ("test", "test_2016_flickr")):
-        write(raw / f"{prefix}.en", [s for s, _ in corpus[split]], compress=split == "train")
-        write(raw / f"{prefix}.de", [t for _, t in corpus[split]], compress=split == "train")
+        for side, lang in enumerate(("en", "de")):
+            name = f"{prefix}.{lang}"
+            if name not in skip:
+                sentences = [pair[side] for pair in corpus[split]]
+                write(folder / name, sentences[:-1] if name in short else sentences, compress=split == "train")
+    return folder
+
+
+def start_multi30k(root: Path, corpus) -> RecipeRun:
+    raw = multi30k_files(root / "raw-files", corpus)
     # four epochs: the last quarter of training (epochs 3 and 4) is averaged
     train_args = shlex.join([*TINY, "--max-epoch", "4"])
     return RecipeRun("multi30k", root / "out", "--raw-dir", str(raw), "--train-args", train_args)
@@ -401,17 +410,6 @@ def test_misaligned_corpus_is_an_error(tmp_path):
         list(text.read_pairs(tmp_path / "a", tmp_path / "b"))
     with pytest.raises(text.DataError, match=r"gone\.de not found"):  # e.g. a corpus an archive did not hold
         list(text.read_pairs(tmp_path / "a", tmp_path / "gone.de"))
-
-
-def multi30k_files(folder: Path, corpus, skip=(), short=()) -> Path:
-    """Multi30k's six raw files in ``folder``, without the files named in ``skip`` and one line short in ``short``."""
-    for split, prefix in (("train", "train"), ("valid", "val"), ("test", "test_2016_flickr")):
-        for side, lang in enumerate(("en", "de")):
-            name = f"{prefix}.{lang}"
-            if name not in skip:
-                sentences = [pair[side] for pair in corpus[split]]
-                write(folder / name, sentences[:-1] if name in short else sentences)
-    return folder
 
 
 @pytest.mark.parametrize(
