@@ -443,6 +443,84 @@ def test_a_corpus_the_recipe_cannot_use_is_one_line_not_a_traceback(case, messag
     assert not (out / "raw" / "test.de").exists()  # the stage is not marked done: a fixed corpus reruns it
 
 
+def test_a_stage_whose_command_fails_ends_in_one_line_naming_it(tmp_path, corpus):
+    """fairseq-train refusing a flag (here an --arch it does not know) ended the recipe in a traceback of
+    subprocess.CalledProcessError that repeated the whole command; now one line names the command and its log."""
+    raw = multi30k_files(tmp_path / "raw", corpus)
+    out = tmp_path / "out"
+    result = subprocess.run(
+        [sys.executable, str(REPO_ROOT / "examples" / "multi30k" / "run.py"), "--out", str(out), "--raw-dir", str(raw),
+         "--train-args", shlex.join([*TINY, "--arch", "no_such_arch"])],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert result.returncode == 1, result.stderr
+    tool = r"(fairseq-train|python -m fairseq_convs2s\.train)"  # fairseq's own entry on a GPU machine
+    log = re.escape(str(out / "train.log"))
+    expected = rf"run.py: error: {tool} exited with status 2 \(its output is also in {log}\); once fixed, run the same"
+    last = result.stderr.splitlines()[-1]  # above it only fairseq's import notices, if any
+    assert re.fullmatch(expected + r".*", last) and "Traceback" not in result.stderr, result.stderr
+    assert "invalid choice: 'no_such_arch'" in result.stdout  # fairseq's own reason, shown above it
+    assert (out / "data-bin").is_dir() and not (out / "checkpoints" / "train.done").exists()  # a rerun trains
+
+
+def test_a_failed_command_says_how_it_ended(tmp_path):
+    """A status, or the signal that killed it (the kernel's out-of-memory killer sends SIGKILL)."""
+    python = re.escape(Path(sys.executable).name)
+    with pytest.raises(pipeline.CommandFailed, match=rf"^{python} exited with status 3; once fixed"):
+        pipeline.run([sys.executable, "-c", "raise SystemExit(3)"])
+    killed = [sys.executable, "-c", "import os, signal; os.kill(os.getpid(), signal.SIGKILL)"]
+    log = tmp_path / "log"
+    with pytest.raises(pipeline.CommandFailed, match=r"killed by SIGKILL \(out of memory\?\) \(its output is also in"):
+        pipeline.run(killed, log=log)
+    assert pipeline.command_name([sys.executable, "-m", "fairseq_cli.generate", "data"]) == "fairseq-generate"
+
+
+def test_an_interrupted_recipe_leaves_no_command_running(monkeypatch):
+    """An interrupt that reached the recipe alone (kill -INT, a job scheduler) left its fairseq-train running,
+    unseen and no longer logging, beside the rerun that would resume from the same checkpoints."""
+    child = [sys.executable, "-c", "import os, time; print('pid', os.getpid(), flush=True); time.sleep(600)"]
+    pids = []
+
+    class InterruptedConsole(io.StringIO):
+        def write(self, text):
+            if text.startswith("pid "):  # the child is running: the interrupt arrives now
+                pids.append(int(text.split()[1]))
+                raise KeyboardInterrupt
+            return super().write(text)
+
+    monkeypatch.setattr(sys, "stdout", InterruptedConsole())
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            pipeline.run(child, log=Path(os.devnull))
+        with pytest.raises(ProcessLookupError):  # terminated and reaped before the interrupt went on
+            os.kill(pids[0], 0)
+    finally:
+        if pids:
+            try:
+                os.kill(pids[0], 9)
+            except ProcessLookupError:
+                pass
+
+
+@pytest.mark.parametrize(
+    "raised, code, message",
+    [
+        (KeyboardInterrupt(), 130, "\nt.py: interrupted; run the same command again to go on from here\n"),
+        (text.DataError("x.en not found"), "t.py: error: x.en not found", ""),
+    ],
+    ids=["interrupt", "data error"],
+)
+def test_main_answers_an_interrupt_or_an_error_in_one_line(raised, code, message, monkeypatch, capsys, tmp_path):
+    def stages(*args):
+        raise raised
+
+    monkeypatch.setattr(pipeline, "run_stages", stages)
+    monkeypatch.setattr(sys, "argv", ["t.py"])
+    with pytest.raises(SystemExit) as exit_:
+        pipeline.main(pipeline.Recipe(name="t", langs=("en", "de"), raw_prefixes={}), "doc", ["--out", str(tmp_path)])
+    assert exit_.value.code == code and capsys.readouterr().err == message
+
+
 @pytest.mark.parametrize("flag", ["--max-train-lines", "--vocab-size", "--average-last", "--workers"])
 def test_counts_below_one_are_usage_errors(flag, capsys):
     """--max-train-lines -5 went on to sentencepiece, which stopped on an empty training set."""
@@ -472,6 +550,21 @@ def test_the_quickstarts_bad_flags_are_usage_errors(args):
     assert result.returncode == 2, result.stderr
     assert f"argument {args[0]}: " in result.stderr and "Traceback" not in result.stderr
     assert "==" not in result.stdout  # no stage started
+
+
+def test_the_quickstart_names_a_command_that_fails(tmp_path):
+    """A stage's command that failed (here fairseq-preprocess, whose destination is a file) ended the quickstart in
+    a traceback of subprocess.CalledProcessError; a --vocab-size above what the corpus holds, in sentencepiece's."""
+    quickstart = REPO_ROOT / "examples" / "quickstart" / "run.py"
+    (tmp_path / "data-bin").write_text("")
+    result = subprocess.run(
+        [sys.executable, str(quickstart), "--out", str(tmp_path), "--vocab-size", "100000"],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert result.returncode == 1, result.stderr
+    last = result.stderr.splitlines()[-1]  # above it, fairseq-preprocess's own FileExistsError
+    assert last.startswith("run.py: error: fairseq-preprocess exited with status 1; once fixed, run the same"), last
+    assert (tmp_path / "spm" / "test.tgt").exists()  # sentencepiece took the vocabulary the corpus holds
 
 
 def test_average_checkpoints_bad_input_is_a_message_not_a_traceback(tmp_path, capsys):

@@ -20,7 +20,7 @@ USER_DIR = HERE.parent.parent / "fairseq_convs2s"
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent))
 
-from recipes.pipeline import count, out_dir  # noqa: E402
+from recipes.pipeline import CommandFailed, count, failure, out_dir  # noqa: E402
 from toy_corpus import make_corpus  # noqa: E402
 
 SPLITS = {"train": 8000, "valid": 400, "test": 500}
@@ -41,8 +41,15 @@ def stage(name: str, done: Path):
 
 
 def run(cmd, **kwargs):
-    print("$ " + " ".join(str(c) for c in cmd), flush=True)
-    return subprocess.run([str(c) for c in cmd], check=True, **kwargs)
+    """Run a command; :class:`CommandFailed` when it fails, after the output it was asked to keep quiet."""
+    cmd = [str(c) for c in cmd]
+    print("$ " + " ".join(cmd), flush=True)
+    result = subprocess.run(cmd, **kwargs)
+    if result.returncode != 0:
+        if kwargs.get("capture_output"):  # its own words say why
+            sys.stderr.write(result.stdout[-3000:] + result.stderr[-3000:])
+        raise failure(cmd, result.returncode, None)
+    return result
 
 
 def fairseq(tool: str):
@@ -55,6 +62,17 @@ def main():
     parser.add_argument("--max-epoch", type=count, default=5)
     parser.add_argument("--vocab-size", type=count, default=120)
     args = parser.parse_args()
+    try:
+        run_stages(args)
+    except CommandFailed as e:
+        sys.exit(f"{parser.prog}: error: {e}")
+    except KeyboardInterrupt:
+        print(f"\n{parser.prog}: interrupted; run the same command again to go on from here", file=sys.stderr)
+        sys.exit(130)
+
+
+def run_stages(args: argparse.Namespace) -> None:
+    """The seven stages, each skipped when its output is there."""
     out = args.out.resolve()
     raw, spm_dir, bin_dir, ckpt = out / "raw", out / "spm", out / "data-bin", out / "checkpoints"
     started = time.time()
@@ -81,6 +99,7 @@ def main():
             vocab_size=args.vocab_size,
             character_coverage=1.0,
             model_type="unigram",
+            hard_vocab_limit=False,  # a --vocab-size above what the corpus holds gives what it holds
             minloglevel=2,
         )
         sp = spm.SentencePieceProcessor(model_file=str(spm_model))
@@ -98,7 +117,8 @@ def main():
             "--destdir", bin_dir, "--workers", "2",
         ])  # fmt: skip
 
-    if stage("4/7 fairseq-train --arch convs2s_iwslt_de_en", ckpt / "checkpoint_best.pt"):
+    # done when training ends, not at the first checkpoint: an interrupted training resumes
+    if stage("4/7 fairseq-train --arch convs2s_iwslt_de_en", ckpt / "train.done"):
         run(fairseq("train") + [
             bin_dir, "--user-dir", USER_DIR, "--arch", "convs2s_iwslt_de_en", "--cpu",
             "--optimizer", "nag", "--momentum", "0.99", "--lr", "0.25", "--clip-norm", "0.1",
@@ -107,6 +127,7 @@ def main():
             "--max-tokens", "2000", "--max-epoch", args.max_epoch, "--save-dir", ckpt,
             "--no-epoch-checkpoints", "--seed", "1", "--num-workers", "0",
         ])  # fmt: skip
+        (ckpt / "train.done").touch()
 
     generate_log = out / "generate-test.txt"
     if stage("5/7 fairseq-generate (beam 5, sacrebleu on detokenized text)", generate_log):

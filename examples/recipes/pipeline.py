@@ -20,6 +20,7 @@ import os
 import re
 import shlex
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -100,22 +101,62 @@ def fairseq(tool: str) -> List[str]:
     return [sys.executable, "-m", f"fairseq_cli.{tool}"]
 
 
+class CommandFailed(Exception):
+    """A stage's command exited with an error (its own output, printed above, says why); the message names the
+    command, how it ended and where its output is kept."""
+
+
+def command_name(cmd: Sequence[str]) -> str:
+    """``fairseq-train`` for ``python -m fairseq_cli.train ...``, ``python -m fairseq_convs2s.train`` for the
+    plugin's entry; the program otherwise."""
+    if len(cmd) > 2 and cmd[1] == "-m":
+        module = cmd[2]
+        return "fairseq-" + module.split(".", 1)[1] if module.startswith("fairseq_cli.") else f"python -m {module}"
+    return Path(cmd[0]).name
+
+
+def failure(cmd: Sequence[str], returncode: int, log: Optional[Path]) -> CommandFailed:
+    """The error for a command that exited with ``returncode`` (negative: killed by that signal)."""
+    if returncode < 0:
+        try:
+            name = signal.Signals(-returncode).name
+        except ValueError:  # a number Python has no name for
+            name = f"signal {-returncode}"
+        how = f"was killed by {name}" + (" (out of memory?)" if name == "SIGKILL" else "")
+    else:
+        how = f"exited with status {returncode}"
+    kept = f" (its output is also in {log})" if log is not None else ""
+    return CommandFailed(
+        f"{command_name(cmd)} {how}{kept}; once fixed, run the same command again: the stages already done are "
+        "skipped and an interrupted training resumes from its last checkpoint"
+    )
+
+
 def run(cmd: Sequence, log: Optional[Path] = None, append: bool = False, quiet: Sequence[str] = ()) -> None:
-    """Run a command, failing loudly; its output goes to the console and, when given, all of it into ``log``
-    (the lines starting with one of ``quiet`` into ``log`` only)."""
+    """Run a command; :class:`CommandFailed` when it fails. Its output goes to the console and, when given, all of
+    it into ``log`` (the lines starting with one of ``quiet`` into ``log`` only)."""
     cmd = [str(c) for c in cmd]
     print("$ " + shlex.join(cmd), flush=True)
     if log is None:
-        subprocess.run(cmd, check=True)
+        returncode = subprocess.run(cmd).returncode  # on an exception (Ctrl-C) subprocess.run kills the child
+        if returncode != 0:
+            raise failure(cmd, returncode, None)
         return
     with open(log, "a" if append else "w", encoding="utf-8") as out:
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1)
-        for line in proc.stdout:
-            if not line.startswith(tuple(quiet)):
-                sys.stdout.write(line)
-            out.write(line)
+        try:
+            for line in proc.stdout:
+                if not line.startswith(tuple(quiet)):
+                    sys.stdout.write(line)
+                out.write(line)
+        except BaseException:
+            # a Ctrl-C in the terminal reached the child too; an interrupt sent to this process alone did not,
+            # and the child would go on training, unseen, beside the rerun
+            proc.terminate()
+            proc.wait()
+            raise
         if proc.wait() != 0:
-            raise subprocess.CalledProcessError(proc.returncode, cmd)
+            raise failure(cmd, proc.returncode, log)
 
 
 def train_command() -> List[str]:
@@ -249,6 +290,17 @@ def main(recipe: Recipe, doc: str, argv: Optional[Sequence[str]] = None) -> None
     tgt = args.target_lang or next(lang for lang in recipe.langs if lang != src)
     if tgt == src:
         parser.error("--source-lang and --target-lang must differ")
+    try:
+        run_stages(recipe, args, src, tgt)
+    except (text.DataError, CommandFailed) as e:  # what went wrong was printed above; one line says what to do
+        sys.exit(f"{parser.prog}: error: {e}")
+    except KeyboardInterrupt:
+        print(f"\n{parser.prog}: interrupted; run the same command again to go on from here", file=sys.stderr)
+        sys.exit(130)
+
+
+def run_stages(recipe: Recipe, args: argparse.Namespace, src: str, tgt: str) -> None:
+    """The seven stages, each skipped when its output is there."""
     out = args.out.resolve()
     raw, spm_dir, bin_dir, ckpt = out / "raw", out / "spm", out / "data-bin", out / "checkpoints"
     eval_sets = [EvalSet("test")] + (recipe.extra_eval_sets(args) if recipe.extra_eval_sets else [])
@@ -262,10 +314,7 @@ def main(recipe: Recipe, doc: str, argv: Optional[Sequence[str]] = None) -> None
     # 1 -----------------------------------------------------------------------------------------------------
     last_set = eval_sets[-1].name
     if stage("1/7 data", raw / f"{last_set}.{recipe.langs[1]}"):
-        try:
-            timed("data", prepare_raw, recipe, args, raw, eval_sets)
-        except text.DataError as e:
-            sys.exit(f"{parser.prog}: error: {e}")
+        timed("data", prepare_raw, recipe, args, raw, eval_sets)
 
     # 2 -----------------------------------------------------------------------------------------------------
     spm_model = spm_dir / "spm.model"
