@@ -77,6 +77,12 @@ def make_tar(path: Path, files: dict) -> None:
             tar.addfile(info, io.BytesIO(data))
 
 
+def run_example(task: str, *args: str, timeout: int) -> subprocess.CompletedProcess:
+    """``examples/<task>/run.py ARGS`` run to its end, as a user runs it; its output captured."""
+    cmd = [sys.executable, str(REPO_ROOT / "examples" / task / "run.py"), *args]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+
+
 class RecipeRun:
     """One recipe's command, started in the background; :meth:`result` waits for it and checks it succeeded."""
 
@@ -431,12 +437,7 @@ def test_a_corpus_the_recipe_cannot_use_is_one_line_not_a_traceback(case, messag
         short = {"val.en"} if case == "misaligned" else set()
         source = ["--raw-dir", str(multi30k_files(tmp_path / "raw", corpus, skip=skip, short=short))]
     out = tmp_path / "out"
-    result = subprocess.run(
-        [sys.executable, str(REPO_ROOT / "examples" / "multi30k" / "run.py"), "--out", str(out), *source],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    result = run_example("multi30k", "--out", str(out), *source, timeout=120)
     assert result.returncode == 1, result.stderr
     assert re.fullmatch(message + r"[^\n]*\n", result.stderr), result.stderr  # one line
     assert not list(out.glob("download/*.partial"))  # a failed download leaves no half file to trust
@@ -448,11 +449,8 @@ def test_a_stage_whose_command_fails_ends_in_one_line_naming_it(tmp_path, corpus
     subprocess.CalledProcessError that repeated the whole command; now one line names the command and its log."""
     raw = multi30k_files(tmp_path / "raw", corpus)
     out = tmp_path / "out"
-    result = subprocess.run(
-        [sys.executable, str(REPO_ROOT / "examples" / "multi30k" / "run.py"), "--out", str(out), "--raw-dir", str(raw),
-         "--train-args", shlex.join([*TINY, "--arch", "no_such_arch"])],
-        capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
+    train_args = shlex.join([*TINY, "--arch", "no_such_arch"])
+    result = run_example("multi30k", "--out", str(out), "--raw-dir", str(raw), "--train-args", train_args, timeout=300)
     assert result.returncode == 1, result.stderr
     tool = r"(fairseq-train|python -m fairseq_convs2s\.train)"  # fairseq's own entry on a GPU machine
     log = re.escape(str(out / "train.log"))
@@ -545,8 +543,7 @@ def test_an_out_that_is_a_file_is_a_usage_error(tmp_path, capsys):
 def test_the_quickstarts_bad_flags_are_usage_errors(args):
     """The README's first command: --max-epoch 0 trained without end (fairseq's 0 is no limit), --vocab-size 0
     stopped in sentencepiece, a file as --out in a traceback; now argparse says so before any stage runs."""
-    quickstart = REPO_ROOT / "examples" / "quickstart" / "run.py"
-    result = subprocess.run([sys.executable, str(quickstart), *args], capture_output=True, text=True, timeout=60)
+    result = run_example("quickstart", *args, timeout=60)
     assert result.returncode == 2, result.stderr
     assert f"argument {args[0]}: " in result.stderr and "Traceback" not in result.stderr
     assert "==" not in result.stdout  # no stage started
@@ -555,12 +552,8 @@ def test_the_quickstarts_bad_flags_are_usage_errors(args):
 def test_the_quickstart_names_a_command_that_fails(tmp_path):
     """A stage's command that failed (here fairseq-preprocess, whose destination is a file) ended the quickstart in
     a traceback of subprocess.CalledProcessError; a --vocab-size above what the corpus holds, in sentencepiece's."""
-    quickstart = REPO_ROOT / "examples" / "quickstart" / "run.py"
     (tmp_path / "data-bin").write_text("")
-    result = subprocess.run(
-        [sys.executable, str(quickstart), "--out", str(tmp_path), "--vocab-size", "100000"],
-        capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
+    result = run_example("quickstart", "--out", str(tmp_path), "--vocab-size", "100000", timeout=300)
     assert result.returncode == 1, result.stderr
     last = result.stderr.splitlines()[-1]  # above it, fairseq-preprocess's own FileExistsError
     assert last.startswith("run.py: error: fairseq-preprocess exited with status 1; once fixed, run the same"), last

@@ -20,7 +20,7 @@ USER_DIR = HERE.parent.parent / "fairseq_convs2s"
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent))
 
-from recipes.pipeline import CommandFailed, count, failure, out_dir  # noqa: E402
+from recipes.pipeline import count, errors_in_one_line, failure, out_dir  # noqa: E402
 from toy_corpus import make_corpus  # noqa: E402
 
 SPLITS = {"train": 8000, "valid": 400, "test": 500}
@@ -41,7 +41,7 @@ def stage(name: str, done: Path):
 
 
 def run(cmd, **kwargs):
-    """Run a command; :class:`CommandFailed` when it fails, after the output it was asked to keep quiet."""
+    """Run a command; :class:`recipes.pipeline.CommandFailed` when it fails, after any output it captured."""
     cmd = [str(c) for c in cmd]
     print("$ " + " ".join(cmd), flush=True)
     result = subprocess.run(cmd, **kwargs)
@@ -62,13 +62,8 @@ def main():
     parser.add_argument("--max-epoch", type=count, default=5)
     parser.add_argument("--vocab-size", type=count, default=120)
     args = parser.parse_args()
-    try:
+    with errors_in_one_line(parser.prog):
         run_stages(args)
-    except CommandFailed as e:
-        sys.exit(f"{parser.prog}: error: {e}")
-    except KeyboardInterrupt:
-        print(f"\n{parser.prog}: interrupted; run the same command again to go on from here", file=sys.stderr)
-        sys.exit(130)
 
 
 def run_stages(args: argparse.Namespace) -> None:

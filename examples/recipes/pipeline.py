@@ -16,6 +16,7 @@ runs again, to train longer, makes stages 5-7 run again too):
 """
 
 import argparse
+import contextlib
 import os
 import re
 import shlex
@@ -26,7 +27,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Dict, List, Optional, Sequence
+from typing import Callable, Dict, Iterator, List, Optional, Sequence
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent.parent
@@ -130,6 +131,20 @@ def failure(cmd: Sequence[str], returncode: int, log: Optional[Path]) -> Command
         f"{command_name(cmd)} {how}{kept}; once fixed, run the same command again: the stages already done are "
         "skipped and an interrupted training resumes from its last checkpoint"
     )
+
+
+@contextlib.contextmanager
+def errors_in_one_line(prog: str) -> Iterator[None]:
+    """Ends a driver's run on a corpus it cannot use or a command that failed with one line, ``PROG: error:
+    ...`` (exit 1; what went wrong was printed above it), and on an interrupt with one line saying how to go on
+    (exit 130), not a traceback."""
+    try:
+        yield
+    except (text.DataError, CommandFailed) as e:
+        sys.exit(f"{prog}: error: {e}")
+    except KeyboardInterrupt:
+        print(f"\n{prog}: interrupted; run the same command again to go on from here", file=sys.stderr)
+        sys.exit(130)
 
 
 def run(cmd: Sequence, log: Optional[Path] = None, append: bool = False, quiet: Sequence[str] = ()) -> None:
@@ -290,13 +305,8 @@ def main(recipe: Recipe, doc: str, argv: Optional[Sequence[str]] = None) -> None
     tgt = args.target_lang or next(lang for lang in recipe.langs if lang != src)
     if tgt == src:
         parser.error("--source-lang and --target-lang must differ")
-    try:
+    with errors_in_one_line(parser.prog):
         run_stages(recipe, args, src, tgt)
-    except (text.DataError, CommandFailed) as e:  # what went wrong was printed above; one line says what to do
-        sys.exit(f"{parser.prog}: error: {e}")
-    except KeyboardInterrupt:
-        print(f"\n{parser.prog}: interrupted; run the same command again to go on from here", file=sys.stderr)
-        sys.exit(130)
 
 
 def run_stages(recipe: Recipe, args: argparse.Namespace, src: str, tgt: str) -> None:
