@@ -106,10 +106,20 @@ class Translator:
     ) -> List[TranslationResult]:
         """One result per source, in order. The sources are decoded in batches of similar length (all at once with
         ``max_batch_size`` 0); each hypothesis is at most ``max_len_a * source length + max_len_b`` tokens (and
-        the model's target positions) long, and at least ``min_len`` before its EOS (fairseq's ``--min-len``)."""
+        the model's target positions) long, and at least ``min_len`` before its EOS (fairseq's ``--min-len``).
+        Settings under which a source could have no hypothesis (its maximum below ``min_len``) raise ValueError
+        before anything is decoded."""
         if beam_size < 1 or nbest < 1 or nbest > beam_size:
             raise ValueError(f"need 1 <= nbest ({nbest}) <= beam_size ({beam_size})")
         ids = [self.source_ids(source) for source in sources]
+        for n in sorted({len(source) for source in ids}):  # (n: a source's tokens, EOS included)
+            if self._max_len(n, max_len_a, max_len_b) < min_len:
+                raise ValueError(
+                    f"a source of {n} tokens (EOS included) allows hypotheses of at most "
+                    f"{self._max_len(n, max_len_a, max_len_b)} tokens (max_len_a * {n} + max_len_b = "
+                    f"{max_len_a} * {n} + {max_len_b}, within the model's {self.model.max_target_positions - 1} "
+                    f"positions), fewer than min_len {min_len}"
+                )
         order = sorted(range(len(ids)), key=lambda i: -len(ids[i]))
         size = max_batch_size if max_batch_size > 0 else max(len(ids), 1)
         results: List[Optional[TranslationResult]] = [None] * len(ids)
@@ -126,15 +136,18 @@ class Translator:
         src = torch.full((len(batch), width), self.pad, dtype=torch.long)
         for row, ids in enumerate(batch):
             src[row, width - len(ids) :] = torch.tensor(ids)  # left-padded, as fairseq's sources
-        limit = self.model.max_target_positions - 1
-        max_len = torch.tensor([min(int(max_len_a * len(ids) + max_len_b), limit) for ids in batch])
+        max_len = torch.tensor([self._max_len(len(ids), max_len_a, max_len_b) for ids in batch])
         found = beam_search(
-            self.model, src.to(self.device), max_len, beam_size, length_penalty, need_attn=return_attention
+            self.model, src.to(self.device), max_len, beam_size, length_penalty, min_len, return_attention
         )
         results = []
         for ids, hypotheses in zip(batch, found):
             results.append(TranslationResult([self._hypothesis(h, len(ids)) for h in hypotheses[:nbest]]))
         return results
+
+    def _max_len(self, source_length: int, max_len_a: float, max_len_b: int) -> int:
+        """The longest hypothesis of a source (EOS excluded): fairseq's rule, within the target positions."""
+        return min(int(max_len_a * source_length + max_len_b), self.model.max_target_positions - 1)
 
     def _hypothesis(self, hypothesis, source_length: int) -> TranslationHypothesis:
         tokens = [self.target_vocabulary[t] for t in hypothesis.tokens[:-1]]  # (the final EOS left out)

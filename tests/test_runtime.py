@@ -6,9 +6,12 @@ import argparse
 import json
 import math
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
+from subprocess import PIPE
 
 import pytest
 import torch
@@ -64,6 +67,17 @@ def _convs2s_checkpoint(folder: Path, arch: str, dictionary, **flags) -> Path:
     return path
 
 
+def _exported(folder: Path, arch: str, dictionary, **flags):
+    """A tiny convs2s checkpoint exported to ``folder/model``; returns the plugin's model of it, as fairseq-generate
+    runs it."""
+    checkpoint = _convs2s_checkpoint(folder, arch, dictionary, **flags)
+    export(checkpoint, folder / "model")
+    model = build_model(arch, dictionary=dictionary, dropout=0.0, **flags).eval()
+    model.load_state_dict(torch.load(checkpoint, weights_only=False)["model"])
+    model.make_generation_fast_()
+    return model
+
+
 def _sources(dictionary, src):
     return [
         " ".join(dictionary[t] for t in row if t not in (dictionary.pad(), dictionary.eos())) for row in src.tolist()
@@ -87,17 +101,29 @@ def test_the_runtime_finds_fairseqs_hypotheses(arch, flags, tmp_path):
     it), token for token, its score to 1e-4: mixed widths, kernel-1 blocks, sentences finishing at other steps,
     one embedding table for sources, targets and outputs."""
     d = make_dictionary(25)
-    checkpoint = _convs2s_checkpoint(tmp_path, arch, d, **flags)
-    export(checkpoint, tmp_path / "model")
-    model = build_model(arch, dictionary=d, dropout=0.0, **flags).eval()
-    model.load_state_dict(torch.load(checkpoint, weights_only=False)["model"])
-    model.make_generation_fast_()
+    model = _exported(tmp_path, arch, d, **flags)
     src = random_batch(d, [9, 5, 7, 3, 6, 8], seed=7)
     expected = beam_search([model], d, src, max_len_b=12)
     results = Translator(tmp_path / "model").translate_batch(_sources(d, src), max_len_b=12, nbest=5)
     _assert_same_beams(results, expected, d)
     one_at_a_time = Translator(tmp_path / "model").translate_batch(_sources(d, src), max_len_b=12, max_batch_size=1)
     assert [r.hypotheses[0].tokens for r in one_at_a_time] == [r.hypotheses[0].tokens for r in results]
+
+
+def test_min_len_holds_hypotheses_back_as_fairseqs(tmp_path):
+    """``min_len`` (fairseq's ``--min-len``) keeps EOS away until that many tokens, as fairseq's beam search does
+    (it was accepted and not used); settings that leave a source no hypothesis are refused before decoding."""
+    d = make_dictionary(25)
+    model = _exported(tmp_path, "convs2s_iwslt_de_en", d)
+    src = random_batch(d, [9, 5, 7, 3, 6, 8], seed=7)
+    translator = Translator(tmp_path / "model")
+    free = translator.translate_batch(_sources(d, src), max_len_b=12, nbest=5)
+    assert min(len(h.tokens) for r in free for h in r.hypotheses) < 4  # (so that min_len 4 changes some beam)
+    held = translator.translate_batch(_sources(d, src), max_len_b=12, nbest=5, min_len=4)
+    assert min(len(h.tokens) for r in held for h in r.hypotheses) >= 4
+    _assert_same_beams(held, beam_search([model], d, src, max_len_b=12, min_len=4), d)
+    with pytest.raises(ValueError, match=r"allows hypotheses of at most 3 tokens .* fewer than min_len 4"):
+        translator.translate_batch(_sources(d, src), max_len_b=3, min_len=4)
 
 
 def test_an_fconv_checkpoint_exports_and_decodes_as_fconv(tmp_path):
@@ -153,6 +179,48 @@ def test_the_command_line_answers_every_line_in_order(tmp_path):
     assert [o for o, line in zip(out, lines) if not line] == ["", ""]
     assert [o for o, line in zip(out, lines) if line] == expected
     assert f"cut to the model's {max_positions} positions" in proc.stderr
+
+
+def _wait_until_sleeping(pid: int) -> None:
+    """Until the main thread of process ``pid`` sleeps (Linux's /proc), here: blocked reading its stdin."""
+    for _ in range(12000):
+        if Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "S":
+            return
+        time.sleep(0.01)
+    raise AssertionError(f"process {pid} never waited for input")
+
+
+def test_the_command_line_ends_in_one_line(tmp_path):
+    """Flags out of range and settings no line can meet end the run in one line; a reader that goes away
+    (``| head``) ends it quietly, as SIGPIPE would (141); an interrupt says how many lines were answered (130).
+    Each was a traceback."""
+    d = make_dictionary(25)
+    export(_convs2s_checkpoint(tmp_path, "convs2s_iwslt_de_en", d), tmp_path / "model")
+    cmd = [sys.executable, "-m", "convs2s_runtime", str(tmp_path / "model"), "--batch-size", "1"]
+    for flags, status, message in [
+        (["--threads", "0"], 2, "error: --threads must be at least 1, got 0\n"),
+        (["--max-len-b", "0"], 1, "convs2s_runtime: error: a source of 3 tokens (EOS included) allows hypotheses of"),
+    ]:
+        proc = subprocess.run(cmd + flags, input="w1 w2\n", capture_output=True, text=True, cwd=ROOT)
+        assert proc.returncode == status and message in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
+        assert proc.stdout == ""
+    for end in ("reader gone", "interrupt"):
+        with subprocess.Popen(cmd, stdin=PIPE, stdout=PIPE, stderr=PIPE, text=True, cwd=ROOT) as proc:
+            proc.stdin.write("w1 w2\nw3\n")
+            proc.stdin.flush()
+            assert proc.stdout.readline() and proc.stdout.readline()  # two lines answered
+            if end == "reader gone":
+                proc.stdout.close()
+                proc.stdin.write("w4\n")
+                proc.stdin.close()
+                assert proc.wait(timeout=120) == 141 and proc.stderr.read() == ""
+            else:
+                _wait_until_sleeping(proc.pid)  # (past the count of lines answered: the message is exact)
+                proc.send_signal(signal.SIGINT)
+                assert proc.wait(timeout=120) == 130
+                assert proc.stderr.read() == (
+                    "convs2s_runtime: interrupted after writing the translations of the first 2 lines\n"
+                )
 
 
 def test_hypotheses_carry_attention_over_the_source(tmp_path):
