@@ -7,6 +7,7 @@ import re
 import subprocess
 import sys
 
+import pytest
 from cli_helpers import REPO_ROOT
 
 SCRIPT = REPO_ROOT / "examples" / "sequence_risk" / "summarize.py"
@@ -40,17 +41,31 @@ def test_summary_gives_per_seed_scores_means_and_the_paired_t(tmp_path):
     assert lines[-1] == f"no results (not finished): {tmp_path / 's4'}"
 
 
-def test_finetunes_missing_checkpoint_or_file_as_out_are_usage_errors(tmp_path):
-    """A missing checkpoint ended in torch.load's FileNotFoundError, a file as --out in a FileExistsError."""
-    data, a_file = tmp_path / "data-bin", tmp_path / "a_file"
+def _finetune():
+    """examples/sequence_risk/finetune.py as a module."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("risk_finetune", FINETUNE)
+    finetune = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(finetune)
+    return finetune
+
+
+def test_finetunes_missing_or_unreadable_inputs_are_usage_errors(tmp_path):
+    """A missing checkpoint ended in torch.load's FileNotFoundError, a file as --out in a FileExistsError, a file
+    that is no checkpoint in the plugin's BrokenCheckpoint traceback, a folder of no binarized data in a bare
+    SystemExit message."""
+    data, binarized, a_file = tmp_path / "data-bin", tmp_path / "binarized", tmp_path / "a_file"
     data.mkdir()
-    a_file.write_text("")
+    binarized.mkdir()
+    (binarized / "train.de-en.de.bin").write_bytes(b"")
+    a_file.write_text("not a checkpoint")
+    out = ["--out", str(tmp_path / "out")]
     for args, message in [
-        (
-            [str(data), str(tmp_path / "missing.pt"), "--out", str(tmp_path / "out")],
-            "argument checkpoint: no such file",
-        ),
+        ([str(data), str(tmp_path / "missing.pt"), *out], "argument checkpoint: no such file"),
         ([str(data), str(a_file), "--out", str(a_file)], "argument --out: .*a_file is a file, not a folder"),
+        ([str(data), str(a_file), *out], "argument data: .*data-bin: no binarized split found"),
+        ([str(binarized), str(a_file), *out], "argument checkpoint: .*a_file .* is not a torch checkpoint"),
     ]:
         result = subprocess.run([sys.executable, str(FINETUNE), *args], capture_output=True, text=True, timeout=60)
         assert result.returncode == 2 and re.search(message, result.stderr), result.stderr
@@ -62,13 +77,40 @@ def test_finetune_carries_every_flag_that_shapes_the_model():
     among them (the embedding files and --checkpoint-activations change no weight), or a checkpoint trained with
     it would be rebuilt as another model."""
     import dataclasses
-    import importlib.util
 
     from fairseq_convs2s.models.config import ConvS2SConfig
 
-    spec = importlib.util.spec_from_file_location("risk_finetune", FINETUNE)
-    finetune = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(finetune)
+    finetune = _finetune()
     fields = {f.name for f in dataclasses.fields(ConvS2SConfig) if not f.name.startswith("_")}
     assert "share_all_embeddings" in fields
     assert fields - {"encoder_embed_path", "decoder_embed_path", "checkpoint_activations"} <= set(finetune.MODEL_FIELDS)
+
+
+def test_finetune_ends_a_failed_or_interrupted_command_in_one_line(tmp_path, monkeypatch, capsys):
+    """A command that fails: its output's tail, then one line naming it and its log (exit 1); an interrupt: one line
+    saying how to go on (exit 130). Both were tracebacks, or a 3,000-character SystemExit."""
+    finetune = _finetune()
+    monkeypatch.setattr(finetune, "language_pair", lambda data: ("de", "en"))
+    monkeypatch.setattr(finetune, "checkpoint_model_flags", lambda checkpoint: ["--arch", "convs2s_iwslt_de_en"])
+    (tmp_path / "model.pt").write_text("")
+    argv = [str(tmp_path), str(tmp_path / "model.pt"), "--out", str(tmp_path / "out"), "--post-process", "none"]
+
+    def fails(cmd, stdout, **kwargs):
+        stdout.write("RuntimeError: what went wrong\n")
+        return subprocess.CompletedProcess(cmd, 1)
+
+    def interrupted(cmd, **kwargs):
+        raise KeyboardInterrupt  # (subprocess.run ends its command on the way out)
+
+    for fake, status, message in [
+        (interrupted, 130, "finetune.py: interrupted; run the same command again to go on from here"),
+        (fails, 1, f"finetune.py: error: fairseq-generate exited with status 1 (its output is also in {tmp_path}"),
+    ]:
+        monkeypatch.setattr(finetune.subprocess, "run", fake)
+        with pytest.raises(SystemExit) as ended:
+            finetune.main(argv)
+        code = ended.value.code
+        err = capsys.readouterr().err + (code if isinstance(code, str) else "")
+        assert (1 if isinstance(code, str) else code) == status and message in err, err
+    assert "RuntimeError: what went wrong" in err  # (the output's tail, above the line)
+    assert "RuntimeError: what went wrong" in (tmp_path / "out" / "gen_start.log").read_text()

@@ -29,7 +29,7 @@ from typing import Dict, List, Optional
 USER_DIR = Path(__file__).resolve().parent.parent.parent / "fairseq_convs2s"
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from recipes.pipeline import out_dir  # noqa: E402
+from recipes.pipeline import CommandFailed, errors_in_one_line, failure, out_dir  # noqa: E402
 
 # the model's own flags (fairseq_convs2s/models/config.py) and the task's position limits
 MODEL_FIELDS = (
@@ -40,12 +40,17 @@ MODEL_FIELDS = (
 
 
 def checkpoint_model_flags(checkpoint: Path) -> List[str]:
-    """``--arch`` and the model flags a checkpoint was trained with, so fairseq-train rebuilds the same model."""
+    """``--arch`` and the model flags a checkpoint was trained with, so fairseq-train rebuilds the same model.
+    ValueError when the file is no fairseq checkpoint (the plugin's message: truncated, not torch, ...)."""
     from fairseq import checkpoint_utils
 
     import fairseq_convs2s  # noqa: F401  (lets torch's safe unpickler read fairseq's checkpoints)
+    from fairseq_convs2s.compat.broken_checkpoints import BrokenCheckpoint
 
-    state = checkpoint_utils.load_checkpoint_to_cpu(str(checkpoint))
+    try:
+        state = checkpoint_utils.load_checkpoint_to_cpu(str(checkpoint))
+    except BrokenCheckpoint as e:
+        raise ValueError(str(e)) from None
     model_cfg = state["cfg"]["model"]
     values = vars(model_cfg) if isinstance(model_cfg, Namespace) else dict(model_cfg)
     flags = ["--arch", str(values["arch"])]
@@ -70,12 +75,13 @@ def subword_post_process(data: Path, target_lang: str) -> str:
 
 
 def language_pair(data: Path):
-    """(source, target) from the data-bin's ``dict.<lang>.txt`` and ``train.<src>-<tgt>.<lang>.bin`` names."""
+    """(source, target) from the data-bin's ``dict.<lang>.txt`` and ``train.<src>-<tgt>.<lang>.bin`` names;
+    ValueError when it holds none."""
     for path in sorted(data.glob("*.bin")):
         m = re.match(r"^\w+\.([^.-]+)-([^.-]+)\.([^.]+)\.bin$", path.name)
         if m:
             return m.group(1), m.group(2)
-    raise SystemExit(f"{data}: no binarized split found (expected e.g. train.de-en.de.bin)")
+    raise ValueError(f"{data}: no binarized split found (expected e.g. train.de-en.de.bin)")
 
 
 def fairseq(tool: str) -> List[str]:
@@ -83,14 +89,16 @@ def fairseq(tool: str) -> List[str]:
 
 
 def run(cmd: List[str], log: Path) -> str:
-    """Run a command with its output in ``log``; stop with the log's tail when it fails."""
+    """Run a command with its output in ``log`` and return that output; when it fails, print the log's tail and
+    raise :class:`CommandFailed` (on an interrupt ``subprocess.run`` ends the command too)."""
     printable = " ".join(cmd[2:] if cmd[0] == sys.executable else cmd)
     print(f"$ {printable}", flush=True)
     with open(log, "w") as f:
         proc = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, text=True)
     text = log.read_text()
     if proc.returncode != 0:
-        raise SystemExit(f"failed ({log}):\n{text[-3000:]}")
+        print(text[-3000:], file=sys.stderr)
+        raise failure(cmd, proc.returncode, log)
     return text
 
 
@@ -104,7 +112,7 @@ def bleu(args, checkpoint: Path, post_process: str, device: List[str], log: Path
     ]  # fmt: skip
     m = re.search(r"(BLEU = [0-9.]+ [0-9./]+ \(BP = [0-9.]+ ratio = [0-9.]+)", run(cmd, log))
     if not m:
-        raise SystemExit(f"no BLEU in {log}")
+        raise CommandFailed(f"fairseq-generate printed no BLEU line (its output is in {log})")
     return m.group(1) + ")"
 
 
@@ -145,14 +153,26 @@ def main(argv: Optional[List[str]] = None) -> None:
     parser.add_argument("--no-time-matched", action="store_true", help="skip the token-level run of equal time")
     parser.add_argument("--seed", type=int, default=1)
     args = parser.parse_args(argv)
+    try:  # (a folder or file these cannot read is a usage error, as a missing one is)
+        pair = language_pair(args.data)
+    except ValueError as e:
+        parser.error(f"argument data: {e}")
+    try:
+        model_flags = checkpoint_model_flags(args.checkpoint)
+    except ValueError as e:
+        parser.error(f"argument checkpoint: {e}")
+    with errors_in_one_line("finetune.py"):
+        fine_tune(args, pair, model_flags)
 
+
+def fine_tune(args, pair, model_flags: List[str]) -> None:
+    """Score the start, train each run not done yet, score each, write ``results.{json,md}``."""
     import torch
 
     args.out.mkdir(parents=True, exist_ok=True)
     device = [] if torch.cuda.is_available() else ["--cpu"]
-    src, tgt = language_pair(args.data)
+    src, tgt = pair
     post_process = args.post_process or subword_post_process(args.data, tgt)
-    model_flags = checkpoint_model_flags(args.checkpoint)
     common = [
         *fairseq("train"), str(args.data), "--user-dir", str(USER_DIR), "--source-lang", src, "--target-lang", tgt,
         *model_flags, "--finetune-from-model", str(args.checkpoint.resolve()),
