@@ -1,26 +1,33 @@
 """``python -m convs2s_runtime MODEL_DIR``: translate the lines of stdin to stdout, one line for each, in order.
 
-An empty line gives an empty line; a line longer than the model's source positions is cut to them with a warning on
-stderr; no line is ever dropped. Sentencepiece is applied when the folder has a model; the output is the best
-hypothesis's text. Translations are written a batch at a time: an interrupt (exit 130) says how many lines were
-answered before it, a reader that goes away (``| head``) ends the run quietly (exit 141, as SIGPIPE would), and
-settings no line can meet end it in one line (exit 1).
+Lines are translated as they arrive, the ones waiting together (at most ``--batch-size``): a line written alone is
+answered at once. An empty line gives an empty line; a line longer than the model's source positions is cut to them
+with a warning on stderr; bytes that are not UTF-8 are read as U+FFFD, with a warning; no line is ever dropped.
+Sentencepiece is applied when the folder has a model; the output is the best hypothesis's text. An interrupt (exit
+130) says how many lines were answered before it, a reader that goes away (``| head``) ends the run quietly (exit
+141, as SIGPIPE would), and settings no line can meet end it in one line (exit 1).
 """
 
 import argparse
-import itertools
+import logging
 import os
+import queue
 import sys
+import threading
 from typing import Iterator, List
 
 from .translator import Translator
+
+logger = logging.getLogger("convs2s_runtime")
 
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m convs2s_runtime", description=__doc__.split("\n\n")[0])
     p.add_argument("model_dir", help="a folder written by python -m fairseq_convs2s.export")
     p.add_argument("--beam", type=int, default=5, help="beam size (default 5)")
-    p.add_argument("--batch-size", type=int, default=64, help="lines decoded together (default 64)")
+    p.add_argument(
+        "--batch-size", type=int, default=64, help="at most this many waiting lines decoded together (default 64)"
+    )
     p.add_argument("--bf16", action="store_true", help="decode in bfloat16 where the CPU has it")
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
     p.add_argument("--max-len-a", type=float, default=0.0, help="hypotheses at most a * source length + b tokens")
@@ -36,7 +43,7 @@ def main(argv=None) -> int:
         translator = Translator(
             args.model_dir, compute_type="bfloat16" if args.bf16 else "float32", threads=args.threads
         )
-        for out in _answers(translator, sys.stdin, args):
+        for out in _answers(translator, sys.stdin.fileno(), args):
             sys.stdout.write("".join(line + "\n" for line in out))
             sys.stdout.flush()
             written += len(out)
@@ -55,19 +62,71 @@ def main(argv=None) -> int:
         return 130
 
 
-def _answers(translator: Translator, stream, args) -> Iterator[List[str]]:
-    """The best hypothesis's text for each line of ``stream``, a batch of lines at a time, in order; an empty line's
+def _answers(translator: Translator, fd: int, args) -> Iterator[List[str]]:
+    """The best hypothesis's text for each line read from ``fd``, a batch of lines at a time, in order; an empty line's
     is empty."""
-    lines = (line.rstrip("\n") for line in stream)
-    while chunk := list(itertools.islice(lines, args.batch_size)):
-        todo = [i for i, line in enumerate(chunk) if line.strip()]
+    for batch in _batches(fd, args.batch_size):
+        todo = [i for i, line in enumerate(batch) if line.strip()]
         results = translator.translate_batch(
-            [chunk[i] for i in todo], args.beam, args.max_len_a, args.max_len_b, args.lenpen, min_len=args.min_len
+            [batch[i] for i in todo], args.beam, args.max_len_a, args.max_len_b, args.lenpen, min_len=args.min_len
         )
-        out = [""] * len(chunk)
+        out = [""] * len(batch)
         for i, result in zip(todo, results):
             out[i] = result.hypotheses[0].text
         yield out
+
+
+def _batches(fd: int, batch_size: int) -> Iterator[List[str]]:
+    """The lines read from ``fd`` in batches: the next line and those that have already arrived after it, at most
+    ``batch_size``. A process that writes one line to the pipe and waits gets its answer (a batch that waited to fill
+    would never come); a file fills every batch. Lines are UTF-8: bytes that are not are read as U+FFFD, with a
+    warning, and the line is answered."""
+    arrived: queue.SimpleQueue = queue.SimpleQueue()  # (line number, bytes), then None at the end (or an exception)
+
+    def read() -> None:  # (os.read: a thread blocked in sys.stdin's reader would abort the interpreter's exit)
+        number, pending = 0, bytearray()
+        try:
+            while chunk := os.read(fd, 1 << 16):
+                pending += chunk
+                *lines, rest = pending.split(b"\n")
+                for raw in lines:
+                    number += 1
+                    arrived.put((number, bytes(raw)))
+                pending = bytearray(rest)
+            if pending:  # (a last line without its newline)
+                arrived.put((number + 1, bytes(pending)))
+            arrived.put(None)
+        except BaseException as e:  # (raised again where the lines are used)
+            arrived.put(e)
+
+    threading.Thread(target=read, name="stdin", daemon=True).start()
+    ended = False
+    while not ended:
+        batch: List[str] = []
+        item = arrived.get()  # the next line: wait for it
+        while True:
+            if item is None:
+                ended = True
+                break
+            if isinstance(item, BaseException):
+                raise item
+            batch.append(_decoded(*item))
+            if len(batch) == batch_size:
+                break
+            try:
+                item = arrived.get_nowait()  # and the lines already there after it
+            except queue.Empty:
+                break
+        if batch:
+            yield batch
+
+
+def _decoded(number: int, raw: bytes) -> str:
+    try:
+        return raw.decode("utf-8").rstrip("\r\n")
+    except UnicodeDecodeError as e:
+        logger.warning(f"line {number} is not UTF-8 ({e.reason} at byte {e.start}): read with U+FFFD in its place")
+        return raw.decode("utf-8", errors="replace").rstrip("\r\n")
 
 
 if __name__ == "__main__":

@@ -6,6 +6,7 @@ import argparse
 import json
 import math
 import os
+import select
 import signal
 import subprocess
 import sys
@@ -179,6 +180,25 @@ def test_the_command_line_answers_every_line_in_order(tmp_path):
     assert [o for o, line in zip(out, lines) if not line] == ["", ""]
     assert [o for o, line in zip(out, lines) if line] == expected
     assert f"cut to the model's {max_positions} positions" in proc.stderr
+
+
+def test_the_command_line_answers_a_line_as_it_arrives(tmp_path):
+    """A process that writes one line and waits for its translation gets it (the command waited for --batch-size
+    lines or the end of input first); a line that is not UTF-8 is answered as read with U+FFFD, with a warning (it
+    was sentencepiece's RuntimeError, or a UnicodeDecodeError, and the end of the run)."""
+    d = make_dictionary(25)
+    export(_convs2s_checkpoint(tmp_path, "convs2s_iwslt_de_en", d), tmp_path / "model")
+    expected = Translator(tmp_path / "model").translate_batch(["w1 w2 w3", "w4 \ufffd w5"])
+    cmd = [sys.executable, "-m", "convs2s_runtime", str(tmp_path / "model")]
+    with subprocess.Popen(cmd, stdin=PIPE, stdout=PIPE, stderr=PIPE, cwd=ROOT) as proc:
+        for line, result in zip([b"w1 w2 w3\n", b"w4 \xff w5\n"], expected):
+            proc.stdin.write(line)
+            proc.stdin.flush()
+            assert select.select([proc.stdout], [], [], 300)[0], "no answer to a line while the input stays open"
+            assert proc.stdout.readline().decode() == result.hypotheses[0].text + "\n"
+        proc.stdin.close()
+        assert proc.wait(timeout=120) == 0 and proc.stdout.read() == b""
+        assert "line 2 is not UTF-8" in proc.stderr.read().decode()
 
 
 def _wait_until_sleeping(pid: int) -> None:
