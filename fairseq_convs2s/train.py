@@ -11,9 +11,9 @@ Every flag is fairseq-train's and means what it means there; this only changes w
   ``cores / N`` threads each; under ``torchrun`` the ranks come from its environment.
 - ``--bf16`` means bfloat16 on the device being trained on. Stock fairseq turns ``--bf16`` into ``--tpu`` and then
   fails without torch_xla; ``--tpu`` still asks for a TPU.
-- A non-finite gradient under ``--bf16`` (or ``--fp16`` on a CPU) skips its update with a warning, and a kill
-  while fairseq copies a checkpoint leaves no truncated file: ``compat/training.py``, installed in every training
-  process.
+- A non-finite gradient under ``--bf16`` (or ``--fp16`` on a CPU) skips its update with a warning, a kill while
+  fairseq copies a checkpoint leaves no truncated file, and Ctrl-C or SIGTERM saves where training is before it
+  stops (one process): ``compat/training.py``, installed in every training process.
 - With ``--cpu``, glibc's malloc keeps the memory that an update frees for the next one
   (:func:`keep_freed_memory`), so that the large per-update tensors are not faulted in page by page at every
   update; the user's own ``MALLOC_MMAP_MAX_`` or ``MALLOC_TRIM_THRESHOLD_`` wins.
@@ -66,11 +66,11 @@ def main(argv: Optional[List[str]] = None) -> None:
 def _patched_fairseq_main(cfg, **kwargs) -> None:
     """fairseq's training loop with ``compat.install_training_fixes`` applied, in whichever process runs it
     (fairseq's GPU spawn starts fresh interpreters that have not seen the parent's patches)."""
-    from fairseq_cli.train import main as fairseq_main
-
     if cfg.common.cpu:
         keep_freed_memory()
     install_training_fixes()
+    from fairseq_cli.train import main as fairseq_main  # (after the fixes: one wraps it)
+
     fairseq_main(cfg, **kwargs)
 
 

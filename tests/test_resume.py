@@ -1,5 +1,6 @@
 """Crash and resume: training killed with SIGKILL mid-epoch restarts from its last checkpoint with the same command,
-loses at most ``--save-interval-updates`` updates, and ends with the parameters of a run that was never killed.
+loses at most ``--save-interval-updates`` updates, and ends with the parameters of a run that was never killed;
+training stopped by SIGINT or SIGTERM saves where it is and loses nothing.
 
 fairseq saves a checkpoint by writing ``<name>.tmp`` and renaming it (``checkpoint_utils.torch_persistent_save``),
 so a kill during ``torch.save`` leaves the previous file whole; it then *copies* that file to the save's other names
@@ -11,6 +12,7 @@ import os
 import shutil
 import signal
 import subprocess
+import sys
 
 import pytest
 import torch
@@ -29,7 +31,7 @@ from cli_helpers import (
 from fairseq_convs2s.compat.training import _atomic_copy
 
 INTERVAL = 4  # --save-interval-updates
-UPDATES = 16  # 300 sentences at --max-tokens 200: 14 updates an epoch, so the run crosses into epoch 2
+UPDATES = 16  # 300 sentences at --max-tokens 200: 13 updates an epoch, so the run crosses into epoch 2
 KILL_AFTER = 10  # mid-epoch 1, after checkpoint_1_8.pt
 FLAGS = ["--max-tokens", "200", "--max-update", str(UPDATES), "--save-interval-updates", str(INTERVAL)]
 
@@ -146,3 +148,61 @@ def test_checkpoint_copies_survive_a_kill_mid_copy(tmp_path, monkeypatch):
     # uninterrupted, the launcher's copy replaces the file
     _atomic_copy(stock_copy)(str(new), str(tmp_path / "launcher_checkpoint_last.pt"), overwrite=True)
     assert torch.load(tmp_path / "launcher_checkpoint_last.pt")["num_updates"] == 8
+
+
+# the launcher, with the signals of ``SIGNALS`` (names, comma-separated) sent to itself during update ``AT``: where a
+# terminal's Ctrl-C or a scheduler's SIGTERM would land, at a known update
+_SIGNALLED = """
+import os, signal, sys
+from fairseq.trainer import Trainer
+from fairseq_convs2s.train import main
+
+step = Trainer.train_step
+
+def train_step(self, samples, raise_oom=False):
+    if self.get_num_updates() + 1 == int(os.environ["AT"]):
+        for name in os.environ["SIGNALS"].split(","):
+            os.kill(os.getpid(), getattr(signal, name))
+    return step(self, samples, raise_oom)
+
+Trainer.train_step = train_step
+main(sys.argv[1:])
+"""
+STOP_AT = 6  # mid-epoch 1 (13 updates an epoch), no checkpoint saved before it
+
+
+def _signalled(folder, save_dir, signals: str):
+    cmd = [sys.executable, "-c", _SIGNALLED, *launcher_cmd("bin", save_dir, *FLAGS[:4])[3:]]  # (no interval saves)
+    env = {**os.environ, "AT": str(STOP_AT), "SIGNALS": signals}
+    return subprocess.run(cmd, cwd=folder, capture_output=True, text=True, timeout=600, env=env)
+
+
+def test_a_signal_saves_where_training_is_and_the_same_command_resumes_there(folder):
+    """SIGINT (Ctrl-C) or SIGTERM during update 6: the update finishes, checkpoint_last.pt is saved at it (epoch 1,
+    batch 6: no interval saves, so stock fairseq would lose all six), exit 130 with one line and no traceback; the
+    same command resumes at update 7 and ends with the parameters of a run never stopped. A second Ctrl-C stops at
+    once, unsaved, also without a traceback."""
+    for name in ("SIGTERM", "SIGINT"):
+        stopped = _signalled(folder, f"stopped_{name}", name)
+        log = stopped.stdout + stopped.stderr
+        assert stopped.returncode == 130 and "Traceback" not in log, log[-3000:]
+        assert f"stopped by {name} after update {STOP_AT} (epoch 1, batch {STOP_AT} of 13): saved " in log, log[-3000:]
+        assert [int(r["num_updates"]) for r in update_records(log)] == list(range(1, STOP_AT + 1))
+        state = load_checkpoint(folder / f"stopped_{name}" / "checkpoint_last.pt")
+        assert checkpoint_updates(state) == STOP_AT
+        assert state["extra_state"]["train_iterator"]["iterations_in_epoch"] == STOP_AT
+
+    resumed = check_ok(run_launcher(folder, "bin", "stopped_SIGINT", *FLAGS[:4]))  # the same command again
+    assert [int(r["num_updates"]) for r in update_records(resumed.stdout)] == list(range(STOP_AT + 1, UPDATES + 1))
+    check_ok(run_launcher(folder, "bin", "never_stopped", *FLAGS[:4]))
+    a = load_checkpoint(folder / "stopped_SIGINT/checkpoint_last.pt")
+    b = load_checkpoint(folder / "never_stopped/checkpoint_last.pt")
+    assert checkpoint_updates(a) == checkpoint_updates(b) == UPDATES
+    assert max_param_difference(a, b) == 0.0  # (bit for bit, as the killed run's in the test above)
+
+    twice = _signalled(folder, "stopped_twice", "SIGINT,SIGINT")
+    log = twice.stdout + twice.stderr
+    assert twice.returncode == 130 and "Traceback" not in log, log[-3000:]
+    assert (
+        "interrupted again: stopped at once" in log and not (folder / "stopped_twice" / "checkpoint_last.pt").exists()
+    )

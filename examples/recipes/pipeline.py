@@ -166,8 +166,12 @@ def run(cmd: Sequence, log: Optional[Path] = None, append: bool = False, quiet: 
                 out.write(line)
         except BaseException:
             # a Ctrl-C in the terminal reached the child too; an interrupt sent to this process alone did not,
-            # and the child would go on training, unseen, beside the rerun
+            # and the child would go on training, unseen, beside the rerun. Training saves where it is and stops
+            # (python -m fairseq_convs2s.train, on SIGINT or SIGTERM): its last lines say what it saved
             proc.terminate()
+            for line in proc.stdout:
+                sys.stdout.write(line)
+                out.write(line)
             proc.wait()
             raise
         if proc.wait() != 0:

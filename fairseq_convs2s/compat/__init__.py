@@ -89,6 +89,13 @@ FIXES: List[Fix] = [
         training=True,
     ),
     Fix(
+        "save_on_signals",
+        training.save_and_stop_on_signals,
+        "Ctrl-C or SIGTERM stops training at once with a traceback, losing every update since the last save",
+        "fairseq_cli.train.main, fairseq_cli.train.validate_and_save",
+        training=True,
+    ),
+    Fix(
         "atomic_checkpoint_copies",
         training.copy_checkpoints_atomically,
         "a kill while copying checkpoint_last.pt leaves it truncated, and the restart fails",

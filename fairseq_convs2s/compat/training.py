@@ -9,11 +9,17 @@ keeps fairseq's own behaviour.
 - The extra copies of a checkpoint (``checkpoint_last.pt`` after ``checkpoint_3_500.pt``, ``checkpoint_best.pt``)
   are written to a temporary file and renamed, as fairseq already does for the first file; stock fairseq copies
   in place, so a kill during the copy leaves a truncated ``checkpoint_last.pt`` that the restart then fails to load.
+- In a one-process run, SIGINT (Ctrl-C) or SIGTERM (a job scheduler, a recipe's driver) lets the update in flight
+  finish, saves ``checkpoint_last.pt`` where training is (mid-epoch too: with the data iterator's position, so the
+  same command resumes at the next update, as if never stopped) and exits with status 130; a second Ctrl-C stops at
+  once. Stock fairseq stops at once with a traceback, losing every update since its last save (up to an epoch).
+  With several processes fairseq's own behaviour stays: they would have to agree on the update to stop after.
 """
 
 import logging
 import os
 import shutil
+import signal
 
 import torch
 
@@ -49,6 +55,80 @@ def copy_checkpoints_atomically() -> None:
         return
     copy = _atomic_copy(PathManager.copy)
     replace(PathManager, "copy", copy)  # (called on the class, as fairseq calls it)
+
+
+def save_and_stop_on_signals() -> None:
+    """Wrap ``fairseq_cli.train.main`` (SIGINT and SIGTERM handled while it runs one process) and its
+    ``validate_and_save`` (once one arrived: save, then stop) (idempotent)."""
+    import fairseq_cli.train as fairseq_train
+
+    if is_replaced(fairseq_train.validate_and_save):
+        return
+    stop = _StopRequest()
+    replace(fairseq_train, "main", _handling_stop_signals(fairseq_train.main, stop))
+    replace(fairseq_train, "validate_and_save", _saving_when_asked(fairseq_train.validate_and_save, stop))
+
+
+class _StopRequest:
+    """The signal that asked training to stop (its name), shared by the two wrappers of one process."""
+
+    def __init__(self):
+        self.signal = None
+
+
+def _handling_stop_signals(main, stop: _StopRequest):
+    def wrapper(cfg, **kwargs):
+        if cfg.distributed_training.distributed_world_size > 1:
+            return main(cfg, **kwargs)
+
+        def ask_to_stop(signum, frame):
+            if stop.signal is None:
+                stop.signal = signal.Signals(signum).name
+                logger.warning(
+                    "%s: finishing this update, then saving checkpoint_last.pt and stopping (Ctrl-C again stops at "
+                    "once, unsaved)",
+                    stop.signal,
+                )
+            elif signum == signal.SIGINT:
+                raise KeyboardInterrupt
+
+        previous = {signum: signal.signal(signum, ask_to_stop) for signum in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            return main(cfg, **kwargs)
+        except KeyboardInterrupt:
+            logger.error("interrupted again: stopped at once; the updates since the last checkpoint are lost")
+            raise SystemExit(130) from None
+        finally:
+            for signum, handler in previous.items():
+                signal.signal(signum, handler)
+
+    return wrapper
+
+
+def _saving_when_asked(validate_and_save, stop: _StopRequest):
+    def wrapper(cfg, trainer, task, epoch_itr, valid_subsets, end_of_epoch):
+        if stop.signal is None:
+            return validate_and_save(cfg, trainer, task, epoch_itr, valid_subsets, end_of_epoch)
+        from fairseq import checkpoint_utils
+
+        checkpoint_utils.save_checkpoint(cfg.checkpoint, trainer, epoch_itr, None)  # (no validation: no loss)
+        if cfg.checkpoint.no_save or cfg.checkpoint.no_last_checkpoints:
+            saved = "nothing saved (--no-save or --no-last-checkpoints)"
+        else:
+            last = os.path.join(cfg.checkpoint.save_dir, f"checkpoint_last{trainer.checkpoint_suffix}.pt")
+            saved = f"saved {last}; the same command resumes from it"
+        logger.warning(
+            "stopped by %s after update %d (epoch %d, batch %d of %d): %s",
+            stop.signal,
+            trainer.get_num_updates(),
+            epoch_itr.epoch,
+            epoch_itr.iterations_in_epoch,
+            len(epoch_itr),
+            saved,
+        )
+        raise SystemExit(130)
+
+    return wrapper
 
 
 def _guarded(trainer) -> bool:
