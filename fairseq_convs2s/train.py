@@ -13,7 +13,7 @@ Every flag is fairseq-train's and means what it means there; this only changes w
   fails without torch_xla; ``--tpu`` still asks for a TPU.
 - A non-finite gradient under ``--bf16`` (or ``--fp16`` on a CPU) skips its update with a warning, a kill while
   fairseq copies a checkpoint leaves no truncated file, and Ctrl-C or SIGTERM saves where training is before it
-  stops (one process): ``compat/training.py``, installed in every training process.
+  stops (every rank after the same update): ``compat/training.py``, installed in every training process.
 - With ``--cpu``, glibc's malloc keeps the memory that an update frees for the next one
   (:func:`keep_freed_memory`), so that the large per-update tensors are not faulted in page by page at every
   update; the user's own ``MALLOC_MMAP_MAX_`` or ``MALLOC_TRIM_THRESHOLD_`` wins.
@@ -26,7 +26,9 @@ Every flag is fairseq-train's and means what it means there; this only changes w
 
 import ctypes
 import logging
+import multiprocessing.connection
 import os
+import signal
 import socket
 import sys
 from typing import List, Optional
@@ -58,7 +60,7 @@ def main(argv: Optional[List[str]] = None) -> None:
     cfg = convert_namespace_to_omegaconf(args)
     if spawn:
         threads = int(os.environ.get("OMP_NUM_THREADS", 0)) or max(1, (os.cpu_count() or 1) // spawn)
-        torch.multiprocessing.spawn(_cpu_rank_main, args=(cfg, threads), nprocs=spawn, join=True)
+        _run_cpu_ranks(cfg, threads, spawn)
     else:  # one process, or fairseq's own spawn of one rank per GPU
         distributed_utils.call_main(cfg, _patched_fairseq_main)
 
@@ -135,6 +137,36 @@ def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def _run_cpu_ranks(cfg, threads: int, ranks: int) -> None:
+    """Spawn the CPU ranks and wait for them. SIGINT or SIGTERM sent to this process reaches them as SIGTERM (they
+    finish the update, save and stop together; a terminal's Ctrl-C reaches them itself, and SIGTERM never counts as
+    a second Ctrl-C); their exit status 130 is this process's, without the spawn's traceback."""
+    context = None
+
+    def forward(signum, frame):
+        for process in context.processes if context is not None else ():
+            if process.is_alive():
+                os.kill(process.pid, signal.SIGTERM)
+
+    previous = {signum: signal.signal(signum, forward) for signum in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        context = torch.multiprocessing.spawn(_cpu_rank_main, args=(cfg, threads), nprocs=ranks, join=False)
+        running = {process.sentinel: process for process in context.processes}
+        while running:
+            for sentinel in multiprocessing.connection.wait(list(running)):
+                process = running.pop(sentinel)
+                process.join()  # (its exit status, once reaped)
+                if process.exitcode not in (0, 130):  # a rank failed: torch's join ends the others
+                    while not context.join():  # and raises, with the rank's traceback
+                        pass
+        if any(process.exitcode == 130 for process in context.processes):  # (stopped by a signal, and saved)
+            raise SystemExit(130)
+        context.join()
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
 
 
 def _cpu_rank_main(rank: int, cfg, threads: int) -> None:

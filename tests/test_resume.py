@@ -12,7 +12,6 @@ import os
 import shutil
 import signal
 import subprocess
-import sys
 
 import pytest
 import torch
@@ -150,59 +149,99 @@ def test_checkpoint_copies_survive_a_kill_mid_copy(tmp_path, monkeypatch):
     assert torch.load(tmp_path / "launcher_checkpoint_last.pt")["num_updates"] == 8
 
 
-# the launcher, with the signals of ``SIGNALS`` (names, comma-separated) sent to itself during update ``AT``: where a
-# terminal's Ctrl-C or a scheduler's SIGTERM would land, at a known update
-_SIGNALLED = """
-import os, signal, sys
+# a test-only plugin: rank 0 sends the signals of STOP_SIGNALS ("SIGINT", "SIGINT,SIGINT", "parent:SIGTERM") during
+# update STOP_AT, where a terminal's Ctrl-C or a scheduler's SIGTERM would land, at a known update; then it waits
+# until one has reached it (sent to the parent, it arrives forwarded), so that the update it stops after is known
+SIGNAL_PLUGIN = """
+import os, signal, time
+
+import fairseq_convs2s  # noqa: F401  (the convs2s model)
 from fairseq.trainer import Trainer
-from fairseq_convs2s.train import main
 
 step = Trainer.train_step
 
+
 def train_step(self, samples, raise_oom=False):
-    if self.get_num_updates() + 1 == int(os.environ["AT"]):
-        for name in os.environ["SIGNALS"].split(","):
-            os.kill(os.getpid(), getattr(signal, name))
+    if self.get_num_updates() + 1 == int(os.environ["STOP_AT"]) and self.data_parallel_rank == 0:
+        for target in os.environ["STOP_SIGNALS"].split(","):
+            to, _, name = target.rpartition(":")
+            os.kill(os.getppid() if to == "parent" else os.getpid(), getattr(signal, name))
+        request = signal.getsignal(signal.SIGTERM).__self__  # (the launcher's StopRequest)
+        for _ in range(30000):
+            if request.signal is not None:
+                break
+            time.sleep(0.01)
     return step(self, samples, raise_oom)
 
+
 Trainer.train_step = train_step
-main(sys.argv[1:])
 """
 STOP_AT = 6  # mid-epoch 1 (13 updates an epoch), no checkpoint saved before it
+NO_INTERVAL = FLAGS[:4]  # (no --save-interval-updates: stock fairseq would lose every update of the epoch)
 
 
-def _signalled(folder, save_dir, signals: str):
-    cmd = [sys.executable, "-c", _SIGNALLED, *launcher_cmd("bin", save_dir, *FLAGS[:4])[3:]]  # (no interval saves)
-    env = {**os.environ, "AT": str(STOP_AT), "SIGNALS": signals}
-    return subprocess.run(cmd, cwd=folder, capture_output=True, text=True, timeout=600, env=env)
+@pytest.fixture(scope="module")
+def signal_plugin(tmp_path_factory):
+    path = tmp_path_factory.mktemp("plugins") / "signal_plugin"
+    path.mkdir()
+    (path / "__init__.py").write_text(SIGNAL_PLUGIN)
+    return path
 
 
-def test_a_signal_saves_where_training_is_and_the_same_command_resumes_there(folder):
+def _stopped(folder, save_dir, signals, plugin, monkeypatch, *flags):
+    """Train until the launcher stops at a signal of ``signals``; assert it said so in one line, without a traceback,
+    saved checkpoint_last.pt after update STOP_AT (epoch 1, with the iterator's position) and exited 130."""
+    monkeypatch.setenv("STOP_AT", str(STOP_AT))
+    monkeypatch.setenv("STOP_SIGNALS", signals)
+    stopped = run_launcher(folder, "bin", save_dir, *NO_INTERVAL, *flags, user_dir=plugin)
+    log = stopped.stdout + stopped.stderr
+    assert stopped.returncode == 130 and "Traceback" not in log, log[-3000:]
+    assert f"after update {STOP_AT} (epoch 1, batch {STOP_AT} of " in log and "Terminating" not in log, log[-3000:]
+    state = load_checkpoint(folder / save_dir / "checkpoint_last.pt")
+    assert checkpoint_updates(state) == STOP_AT
+    return log
+
+
+def test_a_signal_saves_where_training_is_and_the_same_command_resumes_there(folder, signal_plugin, monkeypatch):
     """SIGINT (Ctrl-C) or SIGTERM during update 6: the update finishes, checkpoint_last.pt is saved at it (epoch 1,
-    batch 6: no interval saves, so stock fairseq would lose all six), exit 130 with one line and no traceback; the
-    same command resumes at update 7 and ends with the parameters of a run never stopped. A second Ctrl-C stops at
-    once, unsaved, also without a traceback."""
+    batch 6), exit 130 with one line and no traceback; the same command resumes at update 7 and ends with the
+    parameters of a run never stopped, bit for bit. A second Ctrl-C stops at once, unsaved, also in one line."""
     for name in ("SIGTERM", "SIGINT"):
-        stopped = _signalled(folder, f"stopped_{name}", name)
-        log = stopped.stdout + stopped.stderr
-        assert stopped.returncode == 130 and "Traceback" not in log, log[-3000:]
-        assert f"stopped by {name} after update {STOP_AT} (epoch 1, batch {STOP_AT} of 13): saved " in log, log[-3000:]
+        log = _stopped(folder, f"stopped_{name}", name, signal_plugin, monkeypatch)
+        assert f"stopped by {name} after update {STOP_AT} (epoch 1, batch {STOP_AT} of 13): saved " in log
         assert [int(r["num_updates"]) for r in update_records(log)] == list(range(1, STOP_AT + 1))
-        state = load_checkpoint(folder / f"stopped_{name}" / "checkpoint_last.pt")
-        assert checkpoint_updates(state) == STOP_AT
-        assert state["extra_state"]["train_iterator"]["iterations_in_epoch"] == STOP_AT
 
-    resumed = check_ok(run_launcher(folder, "bin", "stopped_SIGINT", *FLAGS[:4]))  # the same command again
+    resumed = check_ok(run_launcher(folder, "bin", "stopped_SIGINT", *NO_INTERVAL))  # the same command again
     assert [int(r["num_updates"]) for r in update_records(resumed.stdout)] == list(range(STOP_AT + 1, UPDATES + 1))
-    check_ok(run_launcher(folder, "bin", "never_stopped", *FLAGS[:4]))
+    check_ok(run_launcher(folder, "bin", "never_stopped", *NO_INTERVAL))
     a = load_checkpoint(folder / "stopped_SIGINT/checkpoint_last.pt")
     b = load_checkpoint(folder / "never_stopped/checkpoint_last.pt")
     assert checkpoint_updates(a) == checkpoint_updates(b) == UPDATES
-    assert max_param_difference(a, b) == 0.0  # (bit for bit, as the killed run's in the test above)
+    assert max_param_difference(a, b) == 0.0  # (as the killed run's in the test above)
 
-    twice = _signalled(folder, "stopped_twice", "SIGINT,SIGINT")
+    monkeypatch.setenv("STOP_SIGNALS", "SIGINT,SIGINT")
+    twice = run_launcher(folder, "bin", "stopped_twice", *NO_INTERVAL, user_dir=signal_plugin)
     log = twice.stdout + twice.stderr
     assert twice.returncode == 130 and "Traceback" not in log, log[-3000:]
     assert (
         "interrupted again: stopped at once" in log and not (folder / "stopped_twice" / "checkpoint_last.pt").exists()
     )
+
+
+def test_two_ranks_stop_after_the_same_update(folder, signal_plugin, monkeypatch):
+    """Two gloo ranks: a SIGINT to rank 0 alone, or a SIGTERM to the launcher alone (forwarded to the ranks), stops
+    both after update 6 (they agree after each update), checkpoint_last.pt saved there; the same command resumes
+    (stock fairseq under torch >= 2.6 cannot: rank 1 refused the checkpoint rank 0 sent it) and ends where two
+    ranks never stopped do, bit for bit."""
+    two = ("--distributed-world-size", "2")
+    log = _stopped(folder, "two_stopped_SIGINT", "SIGINT", signal_plugin, monkeypatch, *two)
+    assert f"stopped by SIGINT after update {STOP_AT}" in log
+    log = _stopped(folder, "two_stopped_SIGTERM", "parent:SIGTERM", signal_plugin, monkeypatch, *two)
+    assert f"stopped by SIGTERM after update {STOP_AT}" in log
+
+    check_ok(run_launcher(folder, "bin", "two_stopped_SIGTERM", *NO_INTERVAL, *two))
+    check_ok(run_launcher(folder, "bin", "two_never_stopped", *NO_INTERVAL, *two))
+    a = load_checkpoint(folder / "two_stopped_SIGTERM/checkpoint_last.pt")
+    b = load_checkpoint(folder / "two_never_stopped/checkpoint_last.pt")
+    assert checkpoint_updates(a) == checkpoint_updates(b) == UPDATES
+    assert max_param_difference(a, b) == 0.0

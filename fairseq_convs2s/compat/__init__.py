@@ -42,6 +42,13 @@ FIXES: List[Fix] = [
         "checkpoint_utils.load_model_ensemble_and_task (the same wrapper as the start-up hook's)",
     ),
     Fix(
+        "resume_ranks",
+        checkpoints.receive_broadcasts_whole,
+        "a multi-process run cannot resume under torch >= 2.6: the ranks refuse the checkpoint that rank 0 sends "
+        "them (Unsupported global: omegaconf.dictconfig.DictConfig)",
+        "distributed_utils._broadcast_object_slow",
+    ),
+    Fix(
         "broken_checkpoints",
         broken_checkpoints.name_broken_checkpoints,
         "a truncated, empty, non-torch or non-fairseq checkpoint fails deep in torch or fairseq (OSError: [Errno "

@@ -5,16 +5,21 @@ model's ``args``/``cfg.model``), so stock ``fairseq-generate --path ckpt.pt`` fa
 GLOBAL argparse.Namespace". Rather than turning the safe loader off, this allow-lists the few plain classes that
 fairseq checkpoints hold; anything else still fails to unpickle, as torch intends.
 
+The checkpoint that rank 0 of a multi-process training loads and sends to the other ranks (fairseq pickles it with
+``torch.save`` and reads it back with ``torch.load``) is read with the full unpickler: it comes from the same run,
+not from a file, and holds the run's ``DictConfig`` (:func:`receive_broadcasts_whole`).
+
 And a model built to load a checkpoint reads no pre-trained embedding file (:func:`build_models_to_load`).
 """
 
 import argparse
 import contextlib
+import io
 
 import torch
 from fairseq import checkpoint_utils
 
-from fairseq_convs2s_autoload import LOADING_CHECKPOINT, mark_checkpoint_loads
+from fairseq_convs2s_autoload import LOADING_CHECKPOINT, is_replaced, mark_checkpoint_loads, replace
 
 
 def _numpy_globals() -> list:
@@ -37,6 +42,34 @@ def allow_fairseq_checkpoints() -> None:
     add_safe_globals = getattr(torch.serialization, "add_safe_globals", None)
     if add_safe_globals is not None:
         add_safe_globals(FAIRSEQ_CHECKPOINT_GLOBALS)
+
+
+def receive_broadcasts_whole() -> None:
+    """Wrap ``distributed_utils._broadcast_object_slow`` (how ``Trainer.load_checkpoint`` sends rank 0's checkpoint
+    to the others when a multi-process run resumes) so that the receiving ranks unpickle it with ``weights_only=False``
+    (idempotent). Under torch >= 2.6 they refused it (Unsupported global: omegaconf.dictconfig.DictConfig), and no
+    multi-process run could resume."""
+    from fairseq.distributed import utils as distributed_utils
+
+    if is_replaced(distributed_utils._broadcast_object_slow):
+        return
+    replace(distributed_utils, "_broadcast_object_slow", _receiving_whole(distributed_utils._broadcast_object_slow))
+
+
+def _receiving_whole(broadcast_object_slow):
+    def wrapper(obj, src_rank, group, dist_device):
+        from fairseq.distributed import utils as distributed_utils
+
+        if distributed_utils.get_rank(group) == src_rank:
+            return broadcast_object_slow(obj, src_rank, group, dist_device)
+        # fairseq's receiving side, but for the unpickler: the sender's length, then its bytes
+        length = torch.LongTensor([0]).to(dist_device)
+        distributed_utils.broadcast(length, src=src_rank, group=group)
+        buffer = torch.ByteTensor(int(length.item())).to(dist_device)
+        distributed_utils.broadcast(buffer, src=src_rank, group=group)
+        return torch.load(io.BytesIO(buffer.cpu().numpy()), map_location="cpu", weights_only=False)
+
+    return wrapper
 
 
 @contextlib.contextmanager

@@ -9,11 +9,12 @@ keeps fairseq's own behaviour.
 - The extra copies of a checkpoint (``checkpoint_last.pt`` after ``checkpoint_3_500.pt``, ``checkpoint_best.pt``)
   are written to a temporary file and renamed, as fairseq already does for the first file; stock fairseq copies
   in place, so a kill during the copy leaves a truncated ``checkpoint_last.pt`` that the restart then fails to load.
-- In a one-process run, SIGINT (Ctrl-C) or SIGTERM (a job scheduler, a recipe's driver) lets the update in flight
-  finish, saves ``checkpoint_last.pt`` where training is (mid-epoch too: with the data iterator's position, so the
-  same command resumes at the next update, as if never stopped) and exits with status 130; a second Ctrl-C stops at
-  once. Stock fairseq stops at once with a traceback, losing every update since its last save (up to an epoch).
-  With several processes fairseq's own behaviour stays: they would have to agree on the update to stop after.
+- SIGINT (Ctrl-C) or SIGTERM (a job scheduler, a recipe's driver) lets the update in flight finish, saves
+  ``checkpoint_last.pt`` where training is (mid-epoch too: with the data iterator's position, so the same command
+  resumes at the next update, as if never stopped) and exits with status 130; a second Ctrl-C stops at once. With
+  several processes, a signal to any of them stops all after the same update: after each update they agree through
+  one all-reduce of one number. Stock fairseq stops at once with a traceback, losing every update since its last
+  save (up to an epoch).
 """
 
 import logging
@@ -58,41 +59,45 @@ def copy_checkpoints_atomically() -> None:
 
 
 def save_and_stop_on_signals() -> None:
-    """Wrap ``fairseq_cli.train.main`` (SIGINT and SIGTERM handled while it runs one process) and its
-    ``validate_and_save`` (once one arrived: save, then stop) (idempotent)."""
+    """Wrap ``fairseq_cli.train.main`` (SIGINT and SIGTERM handled while it runs) and its ``validate_and_save``
+    (once a signal has reached any process: save, then stop) (idempotent)."""
     import fairseq_cli.train as fairseq_train
 
     if is_replaced(fairseq_train.validate_and_save):
         return
-    stop = _StopRequest()
+    stop = StopRequest()
     replace(fairseq_train, "main", _handling_stop_signals(fairseq_train.main, stop))
     replace(fairseq_train, "validate_and_save", _saving_when_asked(fairseq_train.validate_and_save, stop))
 
 
-class _StopRequest:
-    """The signal that asked training to stop (its name), shared by the two wrappers of one process."""
+class StopRequest:
+    """What asked this training process to stop: a signal's name, or None; shared by the two wrappers."""
 
     def __init__(self):
         self.signal = None
+        self.announce = True  # (one rank of several tells the user)
 
-
-def _handling_stop_signals(main, stop: _StopRequest):
-    def wrapper(cfg, **kwargs):
-        if cfg.distributed_training.distributed_world_size > 1:
-            return main(cfg, **kwargs)
-
-        def ask_to_stop(signum, frame):
-            if stop.signal is None:
-                stop.signal = signal.Signals(signum).name
+    def ask(self, signum, frame=None) -> None:
+        """A signal handler: the first SIGINT or SIGTERM asks for a stop after this update, a second SIGINT stops
+        at once (KeyboardInterrupt)."""
+        if self.signal is None:
+            self.signal = signal.Signals(signum).name
+            if self.announce:
                 logger.warning(
                     "%s: finishing this update, then saving checkpoint_last.pt and stopping (Ctrl-C again stops at "
                     "once, unsaved)",
-                    stop.signal,
+                    self.signal,
                 )
-            elif signum == signal.SIGINT:
-                raise KeyboardInterrupt
+        elif signum == signal.SIGINT:
+            raise KeyboardInterrupt
 
-        previous = {signum: signal.signal(signum, ask_to_stop) for signum in (signal.SIGINT, signal.SIGTERM)}
+
+def _handling_stop_signals(main, stop: StopRequest):
+    def wrapper(cfg, **kwargs):
+        from fairseq import distributed_utils
+
+        stop.announce = distributed_utils.is_master(cfg.distributed_training)
+        previous = {signum: signal.signal(signum, stop.ask) for signum in (signal.SIGINT, signal.SIGTERM)}
         try:
             return main(cfg, **kwargs)
         except KeyboardInterrupt:
@@ -105,9 +110,9 @@ def _handling_stop_signals(main, stop: _StopRequest):
     return wrapper
 
 
-def _saving_when_asked(validate_and_save, stop: _StopRequest):
+def _saving_when_asked(validate_and_save, stop: StopRequest):
     def wrapper(cfg, trainer, task, epoch_itr, valid_subsets, end_of_epoch):
-        if stop.signal is None:
+        if not _agreed_to_stop(trainer, stop):
             return validate_and_save(cfg, trainer, task, epoch_itr, valid_subsets, end_of_epoch)
         from fairseq import checkpoint_utils
 
@@ -117,18 +122,32 @@ def _saving_when_asked(validate_and_save, stop: _StopRequest):
         else:
             last = os.path.join(cfg.checkpoint.save_dir, f"checkpoint_last{trainer.checkpoint_suffix}.pt")
             saved = f"saved {last}; the same command resumes from it"
-        logger.warning(
-            "stopped by %s after update %d (epoch %d, batch %d of %d): %s",
-            stop.signal,
-            trainer.get_num_updates(),
-            epoch_itr.epoch,
-            epoch_itr.iterations_in_epoch,
-            len(epoch_itr),
-            saved,
-        )
+        if stop.announce:
+            logger.warning(
+                "stopped by %s after update %d (epoch %d, batch %d of %d): %s",
+                stop.signal,
+                trainer.get_num_updates(),
+                epoch_itr.epoch,
+                epoch_itr.iterations_in_epoch,
+                len(epoch_itr),
+                saved,
+            )
         raise SystemExit(130)
 
     return wrapper
+
+
+def _agreed_to_stop(trainer, stop: StopRequest) -> bool:
+    """Whether a signal has reached this process or, with several, any of them: all stop after the same update."""
+    if trainer.data_parallel_world_size == 1:
+        return stop.signal is not None
+    from fairseq import distributed_utils
+
+    asked = torch.tensor([float(stop.signal is not None)], device=trainer.device)  # (NCCL: on the GPU)
+    distributed_utils.all_reduce(asked, group=trainer.data_parallel_process_group)
+    if asked.item() > 0 and stop.signal is None:
+        stop.signal = "a signal to another training process"
+    return asked.item() > 0
 
 
 def _guarded(trainer) -> bool:
