@@ -122,6 +122,7 @@ def _batches(fd: int, batch_size: int) -> Iterator[List[str]]:
 
 
 def _decoded(number: int, raw: bytes) -> str:
+    """Line ``number`` as text, without its line end."""
     try:
         return raw.decode("utf-8").rstrip("\r\n")
     except UnicodeDecodeError as e:

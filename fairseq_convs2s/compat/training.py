@@ -145,9 +145,10 @@ def _agreed_to_stop(trainer, stop: StopRequest) -> bool:
 
     asked = torch.tensor([float(stop.signal is not None)], device=trainer.device)  # (NCCL: on the GPU)
     distributed_utils.all_reduce(asked, group=trainer.data_parallel_process_group)
-    if asked.item() > 0 and stop.signal is None:
-        stop.signal = "a signal to another training process"
-    return asked.item() > 0
+    if asked.item() == 0:
+        return False
+    stop.signal = stop.signal or "a signal to another training process"
+    return True
 
 
 def _guarded(trainer) -> bool:
