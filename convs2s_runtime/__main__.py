@@ -9,12 +9,12 @@ Sentencepiece is applied when the folder has a model; the output is the best hyp
 """
 
 import argparse
+import collections
 import logging
 import os
-import queue
+import select
 import sys
-import threading
-from typing import Iterator, List
+from typing import Iterator, List, Optional
 
 from .translator import Translator
 
@@ -81,44 +81,41 @@ def _batches(fd: int, batch_size: int) -> Iterator[List[str]]:
     ``batch_size``. A process that writes one line to the pipe and waits gets its answer (a batch that waited to fill
     would never come); a file fills every batch. Lines are UTF-8: bytes that are not are read as U+FFFD, with a
     warning, and the line is answered."""
-    arrived: queue.SimpleQueue = queue.SimpleQueue()  # (line number, bytes), then None at the end (or an exception)
-
-    def read() -> None:  # (os.read: a thread blocked in sys.stdin's reader would abort the interpreter's exit)
-        number, pending = 0, bytearray()
-        try:
-            while chunk := os.read(fd, 1 << 16):
-                pending += chunk
-                *lines, rest = pending.split(b"\n")
-                for raw in lines:
-                    number += 1
-                    arrived.put((number, bytes(raw)))
-                pending = bytearray(rest)
-            if pending:  # (a last line without its newline)
-                arrived.put((number + 1, bytes(pending)))
-            arrived.put(None)
-        except BaseException as e:  # (raised again where the lines are used)
-            arrived.put(e)
-
-    threading.Thread(target=read, name="stdin", daemon=True).start()
-    ended = False
-    while not ended:
+    lines, number = _Lines(fd), 0
+    while (raw := lines.next(wait=True)) is not None:
         batch: List[str] = []
-        item = arrived.get()  # the next line: wait for it
-        while True:
-            if item is None:
-                ended = True
-                break
-            if isinstance(item, BaseException):
-                raise item
-            batch.append(_decoded(*item))
+        while raw is not None:
+            number += 1
+            batch.append(_decoded(number, raw))
             if len(batch) == batch_size:
                 break
-            try:
-                item = arrived.get_nowait()  # and the lines already there after it
-            except queue.Empty:
+            raw = lines.next(wait=False)
+        yield batch
+
+
+class _Lines:
+    """The lines of a file descriptor as they arrive (bytes, without their newline), read by the thread that asks:
+    an interrupt lands in the read or the select that waits for input."""
+
+    def __init__(self, fd: int):
+        self.fd, self.pending, self.ready, self.ended = fd, bytearray(), collections.deque(), False
+
+    def next(self, wait: bool) -> Optional[bytes]:
+        """The next line: waiting for it (None at the end of input), or only if it has arrived (else None)."""
+        while not self.ready and not self.ended:
+            if not wait and not select.select([self.fd], [], [], 0)[0]:
+                return None
+            chunk = os.read(self.fd, 1 << 16)  # (what is there, at least a byte, or b"" at the end)
+            if not chunk:
+                self.ended = True
+                if self.pending:  # (a last line without its newline)
+                    self.ready.append(bytes(self.pending))
                 break
-        if batch:
-            yield batch
+            self.pending += chunk
+            *lines, rest = self.pending.split(b"\n")
+            self.ready.extend(bytes(line) for line in lines)
+            self.pending = bytearray(rest)
+        return self.ready.popleft() if self.ready else None
 
 
 def _decoded(number: int, raw: bytes) -> str:

@@ -11,6 +11,7 @@ import random
 import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
 
@@ -246,3 +247,13 @@ def max_param_difference(a: dict, b: dict) -> float:
     """The largest absolute difference between two loaded checkpoints' parameters (same keys required)."""
     assert a["model"].keys() == b["model"].keys(), set(a["model"]) ^ set(b["model"])
     return max((a["model"][k].float() - b["model"][k].float()).abs().max().item() for k in a["model"])
+
+
+def wait_until_sleeping(pid: int) -> None:
+    """Until the main thread of process ``pid`` sleeps (Linux's /proc): for a command that has answered its input,
+    until it waits for more."""
+    for _ in range(12000):
+        if Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "S":
+            return
+        time.sleep(0.01)
+    raise AssertionError(f"process {pid} never waited for input")

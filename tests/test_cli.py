@@ -7,9 +7,11 @@ with ``--user-dir`` pointing at this repository's plugin.
 
 import json
 import math
+import signal
 import subprocess
 import sys
 from pathlib import Path
+from subprocess import PIPE
 from types import SimpleNamespace
 
 import pytest
@@ -33,6 +35,7 @@ from cli_helpers import (
     train,
     translate,
     validation_stats,
+    wait_until_sleeping,
     write_corpus,
 )
 
@@ -304,6 +307,54 @@ def test_interactive_answers_every_line(trained):
     check_ok(batched)
     batched_hyps = {i: split_hypothesis(h)[1] for i, h in hypothesis_lines(batched.stdout)["H"].items()}
     assert batched_hyps == hyps
+
+
+def test_interactive_ends_in_one_line_on_ctrl_c_and_quietly_when_its_reader_goes(trained, tmp_path):
+    """Ctrl-C at fairseq-interactive's prompt: one line and status 130; a reader that goes away (``| head``): no
+    output, status 141, as SIGPIPE would. Both were tracebacks (KeyboardInterrupt, BrokenPipeError)."""
+    args = ["bin", "--user-dir", PLUGIN_DIR, "--path", "ckpt/checkpoint_last.pt", "--source-lang", "src"]
+    cmd = [sys.executable, "-m", "fairseq_cli.interactive", *map(str, args), "--target-lang", "tgt", "--cpu"]
+    for end in ("interrupt", "reader gone"):
+        with open(tmp_path / f"{end}.err", "w+") as err:
+            with subprocess.Popen(cmd, cwd=trained.folder, stdin=PIPE, stdout=PIPE, stderr=err, text=True) as proc:
+                proc.stdin.write("s1 s2 s3\n")
+                proc.stdin.flush()
+                assert any(line.startswith("P-0") for line in proc.stdout)  # (its answer: the P- line is last)
+                if end == "interrupt":
+                    wait_until_sleeping(proc.pid)  # (at the prompt again)
+                    proc.send_signal(signal.SIGINT)
+                    assert proc.wait(timeout=120) == 130
+                else:
+                    proc.stdout.close()
+                    proc.stdin.write("s4 s5\n")  # (its S- line meets the closed pipe)
+                    proc.stdin.close()
+                    assert proc.wait(timeout=120) == 141
+            err.seek(0)
+            log = err.read()
+        assert "Traceback" not in log and "KeyboardInterrupt" not in log and "BrokenPipe" not in log, log[-3000:]
+        if end == "interrupt":
+            assert log.endswith("fairseq-interactive: interrupted\n"), log[-3000:]
+
+
+def test_generate_ends_quietly_when_its_reader_goes(monkeypatch):
+    """Loaded by fairseq-generate, the plugin replaces its main; a closed pipe then ends it with status 141 and
+    nothing on stderr, Ctrl-C with one line and 130."""
+    from fairseq_cli import generate as tool
+
+    from fairseq_convs2s.compat import quiet_exits
+    from fairseq_convs2s_autoload import is_replaced
+
+    monkeypatch.setattr(tool, "main", tool.main)  # (put back afterwards)
+    quiet_exits.end_tools_quietly()
+    assert is_replaced(tool.main)
+    for raised, status in [(BrokenPipeError(32, "Broken pipe"), 141), (KeyboardInterrupt(), 130)]:
+
+        def main(cfg, raised=raised):
+            raise raised
+
+        with pytest.raises(SystemExit) as ended:
+            quiet_exits._ending_quietly(main, "fairseq-generate")(None)
+        assert ended.value.code == status
 
 
 # ---- bad input -------------------------------------------------------------------------------------------------

@@ -10,7 +10,6 @@ import select
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 from subprocess import PIPE
 
@@ -26,6 +25,7 @@ from cli_helpers import (
     preprocess,
     split_hypothesis,
     train,
+    wait_until_sleeping,
 )
 from fairseq.models import ARCH_CONFIG_REGISTRY
 from fconv_helpers import fairseq_checkpoint, train_fconv
@@ -201,15 +201,6 @@ def test_the_command_line_answers_a_line_as_it_arrives(tmp_path):
         assert "line 2 is not UTF-8" in proc.stderr.read().decode()
 
 
-def _wait_until_sleeping(pid: int) -> None:
-    """Until the main thread of process ``pid`` sleeps (Linux's /proc), here: blocked reading its stdin."""
-    for _ in range(12000):
-        if Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "S":
-            return
-        time.sleep(0.01)
-    raise AssertionError(f"process {pid} never waited for input")
-
-
 def test_the_command_line_ends_in_one_line(tmp_path):
     """Flags out of range and settings no line can meet end the run in one line; a reader that goes away
     (``| head``) ends it quietly, as SIGPIPE would (141); an interrupt says how many lines were answered (130).
@@ -235,7 +226,7 @@ def test_the_command_line_ends_in_one_line(tmp_path):
                 proc.stdin.close()
                 assert proc.wait(timeout=120) == 141 and proc.stderr.read() == ""
             else:
-                _wait_until_sleeping(proc.pid)  # (past the count of lines answered: the message is exact)
+                wait_until_sleeping(proc.pid)  # (past the count of lines answered: the message is exact)
                 proc.send_signal(signal.SIGINT)
                 assert proc.wait(timeout=120) == 130
                 assert proc.stderr.read() == (

@@ -14,7 +14,7 @@ prints the table.
 import os
 from typing import Callable, List, NamedTuple
 
-from . import batching, broken_checkpoints, checkpoints, interactive, search, training
+from . import batching, broken_checkpoints, checkpoints, interactive, quiet_exits, search, training
 
 
 class Fix(NamedTuple):
@@ -81,6 +81,13 @@ FIXES: List[Fix] = [
         "fairseq-interactive --skip-invalid-size-inputs-valid-test prints nothing for a line too long for the "
         "model: its outputs no longer line up with its inputs",
         "fairseq_cli.interactive.buffered_read, fairseq_cli.interactive.make_batches (when that tool runs)",
+    ),
+    Fix(
+        "quiet_exits",
+        quiet_exits.end_tools_quietly,
+        "Ctrl-C in fairseq-interactive or fairseq-generate ends in a KeyboardInterrupt traceback, and their output "
+        "piped into a reader that stops early (| head) in a BrokenPipeError traceback",
+        "fairseq_cli.interactive.main, fairseq_cli.generate.main (when that tool runs)",
     ),
     Fix(
         "empty_splits",

@@ -13,9 +13,9 @@ is then loaded: the fix replaces that module's ``buffered_read`` (to know each b
 ``make_batches`` (to see which ids came out of the batches).
 """
 
-import sys
-
 from fairseq_convs2s_autoload import is_replaced, replace
+
+from .quiet_exits import loaded_tool_modules
 
 MODULE = "fairseq_cli.interactive"
 
@@ -24,18 +24,6 @@ class _Lines(list):
     """A buffer of input lines that knows the id of its first line."""
 
     start_id = 0
-
-
-def _interactive_modules():
-    """``fairseq_cli.interactive`` as imported, and as ``__main__`` under ``python -m fairseq_cli.interactive``."""
-    found = []
-    for name in (MODULE, "__main__"):
-        module = sys.modules.get(name)
-        spec = getattr(module, "__spec__", None)
-        if module is not None and (name == MODULE or getattr(spec, "name", None) == MODULE):
-            if hasattr(module, "make_batches") and hasattr(module, "buffered_read"):
-                found.append(module)
-    return found
 
 
 def _answer_skipped(lines, ids, cfg, task, max_positions, encode_fn) -> None:
@@ -57,7 +45,7 @@ def _answer_skipped(lines, ids, cfg, task, max_positions, encode_fn) -> None:
 def answer_skipped_lines() -> None:
     """Replace ``buffered_read`` and ``make_batches`` of the loaded ``fairseq-interactive`` module (idempotent; a
     no-op in a process that is not running it)."""
-    for module in _interactive_modules():
+    for module in loaded_tool_modules(MODULE, "make_batches", "buffered_read"):
         if is_replaced(module.make_batches):
             continue
         buffered_read, make_batches = module.buffered_read, module.make_batches
