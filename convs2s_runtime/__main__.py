@@ -103,8 +103,8 @@ class _Lines:
     def next(self, wait: bool) -> Optional[bytes]:
         """The next line: waiting for it (None at the end of input), or only if it has arrived (else None)."""
         while not self.ready and not self.ended:
-            if not wait and not select.select([self.fd], [], [], 0)[0]:
-                return None
+            if not wait and (os.name == "nt" or not select.select([self.fd], [], [], 0)[0]):
+                return None  # (Windows selects sockets only: there a batch holds what one read brought)
             chunk = os.read(self.fd, 1 << 16)  # (what is there, at least a byte, or b"" at the end)
             if not chunk:
                 self.ended = True

@@ -23,6 +23,7 @@ from cli_helpers import (
     epoch_losses,
     generate,
     hypothesis_lines,
+    interruptible,
     last_frame,
     load_checkpoint,
     make_splits,
@@ -316,7 +317,8 @@ def test_interactive_ends_in_one_line_on_ctrl_c_and_quietly_when_its_reader_goes
     cmd = [sys.executable, "-m", "fairseq_cli.interactive", *map(str, args), "--target-lang", "tgt", "--cpu"]
     for end in ("interrupt", "reader gone"):
         with open(tmp_path / f"{end}.err", "w+") as err:
-            with subprocess.Popen(cmd, cwd=trained.folder, stdin=PIPE, stdout=PIPE, stderr=err, text=True) as proc:
+            popen = dict(cwd=trained.folder, stdin=PIPE, stdout=PIPE, stderr=err, text=True, preexec_fn=interruptible)
+            with subprocess.Popen(cmd, **popen) as proc:
                 proc.stdin.write("s1 s2 s3\n")
                 proc.stdin.flush()
                 assert any(line.startswith("P-0") for line in proc.stdout)  # (its answer: the P- line is last)

@@ -21,6 +21,7 @@ from cli_helpers import (
     check_ok,
     generate,
     hypothesis_lines,
+    interruptible,
     make_splits,
     preprocess,
     split_hypothesis,
@@ -216,7 +217,9 @@ def test_the_command_line_ends_in_one_line(tmp_path):
         assert proc.returncode == status and message in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
         assert proc.stdout == ""
     for end in ("reader gone", "interrupt"):
-        with subprocess.Popen(cmd, stdin=PIPE, stdout=PIPE, stderr=PIPE, text=True, cwd=ROOT) as proc:
+        with subprocess.Popen(
+            cmd, stdin=PIPE, stdout=PIPE, stderr=PIPE, text=True, cwd=ROOT, preexec_fn=interruptible
+        ) as proc:
             proc.stdin.write("w1 w2\nw3\n")
             proc.stdin.flush()
             assert proc.stdout.readline() and proc.stdout.readline()  # two lines answered

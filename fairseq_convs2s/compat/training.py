@@ -98,6 +98,10 @@ def _handling_stop_signals(main, stop: StopRequest):
 
         stop.announce = distributed_utils.is_master(cfg.distributed_training)
         previous = {signum: signal.signal(signum, stop.ask) for signum in (signal.SIGINT, signal.SIGTERM)}
+        for signum in previous:
+            # the system call a signal lands in restarts: Python's own handlers interrupt it, and gloo, waiting in a
+            # read for another rank's part of an all-reduce, aborted the process on the interruption
+            signal.siginterrupt(signum, False)
         try:
             return main(cfg, **kwargs)
         except KeyboardInterrupt:
