@@ -36,6 +36,7 @@ from typing import List, Optional
 import torch
 
 from .compat import install_training_fixes
+from .compat.training import stop_signals_handled_by
 
 logger = logging.getLogger("fairseq_convs2s.train")
 
@@ -150,8 +151,7 @@ def _run_cpu_ranks(cfg, threads: int, ranks: int) -> None:
             if process.is_alive():
                 os.kill(process.pid, signal.SIGTERM)
 
-    previous = {signum: signal.signal(signum, forward) for signum in (signal.SIGINT, signal.SIGTERM)}
-    try:
+    with stop_signals_handled_by(forward):
         context = torch.multiprocessing.spawn(_cpu_rank_main, args=(cfg, threads), nprocs=ranks, join=False)
         running = {process.sentinel: process for process in context.processes}
         while running:
@@ -164,9 +164,6 @@ def _run_cpu_ranks(cfg, threads: int, ranks: int) -> None:
         if any(process.exitcode == 130 for process in context.processes):  # (stopped by a signal, and saved)
             raise SystemExit(130)
         context.join()
-    finally:
-        for signum, handler in previous.items():
-            signal.signal(signum, handler)
 
 
 def _cpu_rank_main(rank: int, cfg, threads: int) -> None:

@@ -159,19 +159,21 @@ def run(cmd: Sequence, log: Optional[Path] = None, append: bool = False, quiet: 
         return
     with open(log, "a" if append else "w", encoding="utf-8") as out:
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1)
-        try:
+
+        def copy_output() -> None:
             for line in proc.stdout:
                 if not line.startswith(tuple(quiet)):
                     sys.stdout.write(line)
                 out.write(line)
+
+        try:
+            copy_output()
         except BaseException:
             # a Ctrl-C in the terminal reached the child too; an interrupt sent to this process alone did not,
             # and the child would go on training, unseen, beside the rerun. Training saves where it is and stops
             # (python -m fairseq_convs2s.train, on SIGINT or SIGTERM): its last lines say what it saved
             proc.terminate()
-            for line in proc.stdout:
-                sys.stdout.write(line)
-                out.write(line)
+            copy_output()
             proc.wait()
             raise
         if proc.wait() != 0:

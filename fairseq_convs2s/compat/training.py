@@ -17,10 +17,12 @@ keeps fairseq's own behaviour.
   save (up to an epoch).
 """
 
+import contextlib
 import logging
 import os
 import shutil
 import signal
+from typing import Iterator
 
 import torch
 
@@ -97,21 +99,29 @@ def _handling_stop_signals(main, stop: StopRequest):
         from fairseq import distributed_utils
 
         stop.announce = distributed_utils.is_master(cfg.distributed_training)
-        previous = {signum: signal.signal(signum, stop.ask) for signum in (signal.SIGINT, signal.SIGTERM)}
-        for signum in previous:
-            # the system call a signal lands in restarts: Python's own handlers interrupt it, and gloo, waiting in a
-            # read for another rank's part of an all-reduce, aborted the process on the interruption
-            signal.siginterrupt(signum, False)
         try:
-            return main(cfg, **kwargs)
+            with stop_signals_handled_by(stop.ask):
+                return main(cfg, **kwargs)
         except KeyboardInterrupt:
             logger.error("interrupted again: stopped at once; the updates since the last checkpoint are lost")
             raise SystemExit(130) from None
-        finally:
-            for signum, handler in previous.items():
-                signal.signal(signum, handler)
 
     return wrapper
+
+
+@contextlib.contextmanager
+def stop_signals_handled_by(handler) -> Iterator[None]:
+    """Inside, SIGINT and SIGTERM call ``handler``, and the system call either lands in restarts (Python's own
+    handlers interrupt it, and gloo, waiting in a read for another rank's part of an all-reduce, aborted the process
+    on the interruption); the handlers before are put back on the way out."""
+    previous = {signum: signal.signal(signum, handler) for signum in (signal.SIGINT, signal.SIGTERM)}
+    for signum in previous:
+        signal.siginterrupt(signum, False)
+    try:
+        yield
+    finally:
+        for signum, before in previous.items():
+            signal.signal(signum, before)
 
 
 def _saving_when_asked(validate_and_save, stop: StopRequest):
