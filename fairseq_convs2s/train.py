@@ -13,7 +13,9 @@ Every flag is fairseq-train's and means what it means there; this only changes w
   fails without torch_xla; ``--tpu`` still asks for a TPU.
 - A non-finite gradient under ``--bf16`` (or ``--fp16`` on a CPU) skips its update with a warning, a kill while
   fairseq copies a checkpoint leaves no truncated file, and Ctrl-C or SIGTERM saves where training is before it
-  stops (every rank after the same update): ``compat/training.py``, installed in every training process.
+  stops (every rank after the same update): ``compat/training.py``, installed in every training process. With
+  several ranks this process supervises them, on a CPU or fairseq's one per GPU (:func:`_run_ranks`): a signal
+  sent to it alone reaches them, and the run ends in one line, exit 130.
 - With ``--cpu``, glibc's malloc keeps the memory that an update frees for the next one
   (:func:`keep_freed_memory`), so that the large per-update tensors are not faulted in page by page at every
   update; the user's own ``MALLOC_MMAP_MAX_`` or ``MALLOC_TRIM_THRESHOLD_`` wins.
@@ -42,7 +44,7 @@ logger = logging.getLogger("fairseq_convs2s.train")
 
 
 def main(argv: Optional[List[str]] = None) -> None:
-    """Parse fairseq-train's flags, apply the fixes above, run fairseq's training loop (in N processes on a CPU)."""
+    """fairseq-train: its flags, the fixes above, its training loop (in the ranks spawned, if any)."""
     from fairseq import distributed_utils, options
     from fairseq.dataclass.utils import convert_namespace_to_omegaconf
 
@@ -61,9 +63,25 @@ def main(argv: Optional[List[str]] = None) -> None:
     cfg = convert_namespace_to_omegaconf(args)
     if spawn:
         threads = int(os.environ.get("OMP_NUM_THREADS", 0)) or max(1, (os.cpu_count() or 1) // spawn)
-        _run_cpu_ranks(cfg, threads, spawn)
-    else:  # one process, or fairseq's own spawn of one rank per GPU
+        _run_ranks(_cpu_rank_main, (cfg, threads), spawn)
+    elif _spawns_one_rank_per_gpu(cfg.distributed_training):
+        dt = cfg.distributed_training  # call_main's spawn as call_main makes it, waited for by _run_ranks
+        start_rank, dt.distributed_rank = dt.distributed_rank, None  # (each rank numbers itself from start_rank)
+        _run_ranks(_gpu_rank_main, (cfg, start_rank), min(torch.cuda.device_count(), dt.distributed_world_size))
+    else:  # one process, or one rank of several launched by the user or torchrun
         distributed_utils.call_main(cfg, _patched_fairseq_main)
+
+
+def _spawns_one_rank_per_gpu(dt) -> bool:
+    """Whether fairseq's ``call_main`` would spawn a rank per GPU. Infers the init method as ``call_main`` does (once:
+    with a method set, ``call_main``'s own inference does nothing); it spawns unless ``--distributed-no-spawn``."""
+    from fairseq import distributed_utils
+
+    if dt.distributed_world_size <= 1:
+        return False
+    if dt.distributed_init_method is None:
+        distributed_utils.infer_init_method(dt)
+    return dt.distributed_init_method is not None and not dt.distributed_no_spawn
 
 
 def _patched_fairseq_main(cfg, **kwargs) -> None:
@@ -140,10 +158,12 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def _run_cpu_ranks(cfg, threads: int, ranks: int) -> None:
-    """Spawn the CPU ranks and wait for them. SIGINT or SIGTERM sent to this process reaches them as SIGTERM (they
-    finish the update, save and stop together; a terminal's Ctrl-C reaches them itself, and SIGTERM never counts as
-    a second Ctrl-C); their exit status 130 is this process's, without the spawn's traceback."""
+def _run_ranks(rank_main, args: tuple, ranks: int) -> None:
+    """Spawn ``ranks`` processes running ``rank_main(rank, *args)`` and wait for them. SIGINT or SIGTERM sent to
+    this process reaches them as SIGTERM (they finish the update, save and stop together; a terminal's Ctrl-C
+    reaches them itself, and SIGTERM never counts as a second Ctrl-C); their exit status 130 is this process's,
+    without the spawn's traceback. Under ``torch.multiprocessing.spawn(join=True)`` a signal killed this process
+    with a traceback, and the ranks, told by torch that their parent died, stopped unsaved."""
     context = None
 
     def forward(signum, frame):
@@ -152,7 +172,7 @@ def _run_cpu_ranks(cfg, threads: int, ranks: int) -> None:
                 os.kill(process.pid, signal.SIGTERM)
 
     with stop_signals_handled_by(forward):
-        context = torch.multiprocessing.spawn(_cpu_rank_main, args=(cfg, threads), nprocs=ranks, join=False)
+        context = torch.multiprocessing.spawn(rank_main, args=args, nprocs=ranks, join=False)
         running = {process.sentinel: process for process in context.processes}
         while running:
             for sentinel in multiprocessing.connection.wait(list(running)):
@@ -175,6 +195,15 @@ def _cpu_rank_main(rank: int, cfg, threads: int) -> None:
     cfg.distributed_training.distributed_rank = rank
     cfg.distributed_training.device_id = 0
     distributed_utils.call_main(cfg, _patched_fairseq_main)
+
+
+def _gpu_rank_main(device: int, cfg, start_rank: int) -> None:
+    """One rank of fairseq's spawn, one per GPU: its own per-rank entry point, in fairseq-train's log format (a
+    fresh interpreter has imported the plugin, whose handler on the root logger keeps fairseq's from being set)."""
+    from fairseq import distributed_utils
+
+    _configure_logging()
+    distributed_utils.distributed_main(device, _patched_fairseq_main, cfg, {"start_rank": start_rank})
 
 
 # mallopt's parameters (glibc's malloc.h)

@@ -16,6 +16,7 @@ import subprocess
 import pytest
 import torch
 from cli_helpers import (
+    PLUGIN_DIR,
     check_ok,
     checkpoint_updates,
     launcher_cmd,
@@ -28,6 +29,7 @@ from cli_helpers import (
 )
 
 from fairseq_convs2s.compat.training import _atomic_copy
+from fairseq_convs2s.train import free_port
 
 INTERVAL = 4  # --save-interval-updates
 UPDATES = 16  # 300 sentences at --max-tokens 200: 13 updates an epoch, so the run crosses into epoch 2
@@ -188,12 +190,12 @@ def signal_plugin(tmp_path_factory):
     return path
 
 
-def _stopped(folder, save_dir, signals, plugin, monkeypatch, *flags):
+def _stopped(folder, save_dir, signals, plugin, monkeypatch, *flags, run=run_launcher):
     """Train until the launcher stops at a signal of ``signals``; assert it said so in one line, without a traceback,
     saved checkpoint_last.pt after update STOP_AT (epoch 1, with the iterator's position) and exited 130."""
     monkeypatch.setenv("STOP_AT", str(STOP_AT))
     monkeypatch.setenv("STOP_SIGNALS", signals)
-    stopped = run_launcher(folder, "bin", save_dir, *NO_INTERVAL, *flags, user_dir=plugin)
+    stopped = run(folder, "bin", save_dir, *NO_INTERVAL, *flags, user_dir=plugin)
     log = stopped.stdout + stopped.stderr
     assert stopped.returncode == 130 and "Traceback" not in log, log[-3000:]
     assert f"after update {STOP_AT} (epoch 1, batch {STOP_AT} of " in log and "Terminating" not in log, log[-3000:]
@@ -245,3 +247,31 @@ def test_two_ranks_stop_after_the_same_update(folder, signal_plugin, monkeypatch
     b = load_checkpoint(folder / "two_never_stopped/checkpoint_last.pt")
     assert checkpoint_updates(a) == checkpoint_updates(b) == UPDATES
     assert max_param_difference(a, b) == 0.0
+
+
+# fairseq's own spawn of one rank per GPU (distributed_utils.call_main), on this CPU: the launcher is told there are
+# two GPUs; the ranks, seeing no CUDA, train on the CPU over gloo
+PRETEND_TWO_GPUS = "import torch; torch.cuda.device_count = lambda: 2; from fairseq_convs2s.train import main; main()"
+
+
+def _run_gpu_spawn(folder, data, save_dir, *extra, user_dir):
+    cmd = launcher_cmd(data, save_dir, *extra, user_dir=user_dir)
+    cmd[1:3] = ["-c", PRETEND_TWO_GPUS]  # (instead of -m fairseq_convs2s.train)
+    cmd.remove("--cpu")
+    ranks = ["--distributed-world-size", "2", "--distributed-backend", "gloo", "--ddp-backend", "legacy_ddp"]
+    cmd += [*ranks, "--num-workers", "0", "--distributed-init-method", f"tcp://127.0.0.1:{free_port()}"]
+    return subprocess.run(cmd, cwd=folder, capture_output=True, text=True, timeout=600)
+
+
+def test_ranks_spawned_one_per_gpu_stop_as_the_cpu_ranks_do(folder, signal_plugin, monkeypatch):
+    """fairseq's spawn of a rank per GPU, supervised by the launcher: a SIGTERM to the launcher alone (a scheduler's)
+    or a SIGINT to rank 0 alone stops both ranks after update 6, saved, in one line, exit 130. Under fairseq's
+    own spawn the first killed the launcher and the ranks stopped unsaved; the second ended in torch's traceback
+    (process 0 terminated with exit code 130). The same command then trains on from update 7."""
+    log = _stopped(folder, "gpu_stopped_SIGTERM", "parent:SIGTERM", signal_plugin, monkeypatch, run=_run_gpu_spawn)
+    assert f"stopped by SIGTERM after update {STOP_AT}" in log
+    log = _stopped(folder, "gpu_stopped_SIGINT", "SIGINT", signal_plugin, monkeypatch, run=_run_gpu_spawn)
+    assert f"stopped by SIGINT after update {STOP_AT}" in log
+
+    resumed = check_ok(_run_gpu_spawn(folder, "bin", "gpu_stopped_SIGINT", *NO_INTERVAL, user_dir=PLUGIN_DIR))
+    assert [int(r["num_updates"]) for r in update_records(resumed.stdout)] == list(range(STOP_AT + 1, UPDATES + 1))
