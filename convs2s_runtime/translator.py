@@ -10,6 +10,9 @@ fairseq's, ``search.py``); ``score`` is fairseq's: natural log, normalized by le
 """
 
 import logging
+import math
+import numbers
+import operator
 from pathlib import Path
 from typing import List, NamedTuple, Optional, Sequence
 
@@ -50,17 +53,20 @@ class Translator:
     def __init__(self, model_dir, device: str = "cpu", compute_type: str = "float32", threads: Optional[int] = None):
         if compute_type not in COMPUTE_TYPES:
             raise ValueError(f"compute_type must be one of {sorted(COMPUTE_TYPES)}, got {compute_type!r}")
-        if threads:
-            torch.set_num_threads(threads)
+        if threads is not None:
+            torch.set_num_threads(_whole("threads", threads, least=1))
+        self.device = _device(device)
         model_dir = Path(model_dir)
         if not model_dir.is_dir():
             raise ModelDirError(f"{model_dir}: no such folder")
         dtype = COMPUTE_TYPES[compute_type]
-        if dtype == torch.bfloat16 and device == "cpu" and not torch.ops.mkldnn._is_mkldnn_bf16_supported():
+        if dtype == torch.bfloat16 and self.device.type == "cpu" and not torch.ops.mkldnn._is_mkldnn_bf16_supported():
             logger.warning("this CPU has no bf16 instructions: decoding in float32")
             dtype = torch.float32
         self.compute_type = "bfloat16" if dtype == torch.bfloat16 else "float32"
-        self.model = Model.load(model_dir, dtype, device)  # (its config first: a folder that is no export is named)
+        self.model = Model.load(
+            model_dir, dtype, self.device
+        )  # (its config first: a folder that is no export is named)
         self.source_vocabulary = read_vocabulary(model_dir, "source")
         self.target_vocabulary = read_vocabulary(model_dir, "target")
         self._source_index = {symbol: i for i, symbol in enumerate(self.source_vocabulary)}
@@ -74,7 +80,6 @@ class Translator:
                 )
         config = self.model.config
         self.unk, self.eos, self.pad = config["unk"], config["eos"], config["pad"]
-        self.device = torch.device(device)
         self._sentencepiece = None
         if (model_dir / SENTENCEPIECE).is_file():
             import sentencepiece
@@ -108,9 +113,22 @@ class Translator:
         ``max_batch_size`` 0); each hypothesis is at most ``max_len_a * source length + max_len_b`` tokens (and
         the model's target positions) long, and at least ``min_len`` before its EOS (fairseq's ``--min-len``).
         Settings under which a source could have no hypothesis (its maximum below ``min_len``) raise ValueError
-        before anything is decoded."""
-        if beam_size < 1 or nbest < 1 or nbest > beam_size:
+        before anything is decoded, as do settings out of range; a source that is not a ``str`` (or ``sources``
+        given as one string, which would be read as one source a character) raises TypeError."""
+        for name, value, least in (
+            ("beam_size", beam_size, 1),
+            ("nbest", nbest, 1),
+            ("max_len_b", max_len_b, 0),
+            ("max_batch_size", max_batch_size, 0),
+            ("min_len", min_len, 0),
+        ):
+            _whole(name, value, least)
+        if nbest > beam_size:
             raise ValueError(f"need 1 <= nbest ({nbest}) <= beam_size ({beam_size})")
+        for name, value in (("max_len_a", max_len_a), ("length_penalty", length_penalty)):
+            if not (isinstance(value, numbers.Real) and math.isfinite(value)):
+                raise ValueError(f"{name} must be a finite number, got {value!r}")
+        _check_sources(sources)
         ids = [self.source_ids(source) for source in sources]
         for n in sorted({len(source) for source in ids}):  # (n: a source's tokens, EOS included)
             if self._max_len(n, max_len_a, max_len_b) < min_len:
@@ -159,3 +177,34 @@ class Translator:
         if hypothesis.attention is not None:
             attention = hypothesis.attention[:, -source_length:].tolist()  # the source's own positions (left-padded)
         return TranslationHypothesis(tokens, text, hypothesis.score, attention)
+
+
+def _whole(name: str, value, least: int) -> int:
+    """``value`` as an int, if it is a whole number of at least ``least``; else TypeError or ValueError naming it."""
+    try:
+        whole = operator.index(value)  # (an int or numpy integer; not a float, not a bool's look-alike string)
+    except TypeError:
+        raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r}") from None
+    if whole < least:
+        raise ValueError(f"{name} must be at least {least}, got {whole}")
+    return whole
+
+
+def _check_sources(sources) -> None:
+    """TypeError unless ``sources`` is a sequence of strings (one string, or bytes, is not)."""
+    if isinstance(sources, (str, bytes)):
+        raise TypeError(f"sources must be a list of strings, got one {type(sources).__name__}: pass [source]")
+    for i, source in enumerate(sources):
+        if not isinstance(source, str):
+            raise TypeError(f"sources[{i}] must be a str, got {type(source).__name__} {source!r:.80}")
+
+
+def _device(name) -> torch.device:
+    """torch's device of that name, if this torch can use it; else ValueError naming it."""
+    try:
+        device = torch.device(name)
+    except (RuntimeError, TypeError) as error:
+        raise ValueError(f"device {name!r}: {error}") from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device {name!r}: this torch sees no CUDA GPU (torch.cuda.is_available() is False)")
+    return device

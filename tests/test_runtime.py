@@ -6,6 +6,7 @@ import argparse
 import json
 import math
 import os
+import re
 import select
 import signal
 import subprocess
@@ -288,6 +289,38 @@ def test_the_command_line_equals_fairseq_generate(trained):
     for i, result in zip(sorted(lines["S"]), results):
         assert _score_close(result.hypotheses[0].score / math.log(2), split_hypothesis(lines["H"][i])[0])
     assert len(sources) == 41 and EVAL_FLAGS  # (fairseq-generate kept every sentence: see EVAL_FLAGS)
+
+
+def test_the_api_names_what_it_cannot_translate(tmp_path):
+    """A string where a list of them belongs (it was read as one source a character), a source that is not a str,
+    settings out of range and a device this torch lacks: TypeError or ValueError naming the argument, before
+    anything is decoded (they failed inside the search or in torch, or translated characters)."""
+    d = make_dictionary(25)
+    _exported(tmp_path, "convs2s_iwslt_de_en", d)
+    translator = Translator(tmp_path / "model")
+    source = " ".join(d[i] for i in range(4, 8))
+    calls = [
+        (TypeError, "pass [source]", dict(sources=source)),
+        (TypeError, "sources[1] must be a str, got NoneType", dict(sources=[source, None])),
+        (TypeError, "sources[0] must be a str, got bytes", dict(sources=[source.encode()])),
+        (TypeError, "beam_size must be an int, got float 2.5", dict(beam_size=2.5)),
+        (ValueError, "beam_size must be at least 1, got 0", dict(beam_size=0)),
+        (ValueError, "max_len_b must be at least 0, got -1", dict(max_len_b=-1)),
+        (ValueError, "max_batch_size must be at least 0, got -1", dict(max_batch_size=-1)),
+        (ValueError, "length_penalty must be a finite number, got nan", dict(length_penalty=float("nan"))),
+        (ValueError, "nbest (3) <= beam_size (2)", dict(beam_size=2, nbest=3)),
+    ]
+    for error, message, kwargs in calls:
+        with pytest.raises(error, match=re.escape(message)):
+            translator.translate_batch(**{"sources": [source], **kwargs})
+    assert len(translator.translate_batch([source, ""])) == 2  # (an empty source is a source, as in fairseq)
+    with pytest.raises(ValueError, match="threads must be at least 1, got 0"):
+        Translator(tmp_path / "model", threads=0)
+    with pytest.raises(ValueError, match="device 'tpu9': "):
+        Translator(tmp_path / "model", device="tpu9")
+    if not torch.cuda.is_available():
+        with pytest.raises(ValueError, match="device 'cuda': this torch sees no CUDA GPU"):
+            Translator(tmp_path / "model", device="cuda")
 
 
 def test_bad_input_is_one_line_and_writes_nothing(tmp_path, capsys):
