@@ -138,6 +138,47 @@ def test_from_pretrained_decodes_in_bf16_when_asked_not_because_training_did(spm
     assert len(bf16.translate(SPM_SENTENCES, max_len_b=MAX_LEN_B)) == len(SPM_SENTENCES)
 
 
+def test_translate_names_bad_arguments_and_answers_every_sentence(spm_trained):
+    """The hub's translate: None, bytes, a list holding None, a float beam and a misspelt option are a TypeError
+    naming them (fairseq: NoneType is not iterable, sentencepiece's 'Input must be str or bytes', a failure inside
+    the search, an option set and ignored). A sentence longer than the positions is a ValueError naming it and its
+    length (fairseq: a bare Exception naming a command-line flag); with skip_invalid_size_inputs=True it gets an
+    empty translation in its place (fairseq left it out: the rest shifted one place up)."""
+    hub = ConvS2SModel.from_pretrained(
+        str(spm_trained.ckpt), "checkpoint_last.pt", str(spm_trained.data), bpe="sentencepiece",
+        sentencepiece_model=str(spm_trained.spm),
+    )  # fmt: skip
+    calls = [
+        ("sentences must be a str or a list of str, got NoneType", (None,), {}),
+        ("sentences must be a str or a list of str, got bytes", (b"s1 s2",), {}),
+        ("sentences[1] must be a str, got NoneType", (["s1", None],), {}),
+        ("beam must be an int, got float 2.5", ("s1",), {"beam": 2.5}),
+        ("no generation option lenpn", ("s1",), {"lenpn": 2.0}),
+    ]
+    for message, args, kwargs in calls:
+        with pytest.raises(TypeError, match=re.escape(message)):
+            hub.translate(*args, **kwargs)
+
+    positions = hub.max_positions[0]
+    long = " ".join(["s1"] * positions)  # (each word one piece or more, EOS added: over the limit)
+    sentences = [SPM_SENTENCES[0], long, SPM_SENTENCES[1]]
+    with pytest.raises(
+        ValueError,
+        match=rf"longer than the model's {positions} source positions \(EOS included; sentence 1: \d+ tokens\)",
+    ):
+        hub.translate(sentences, max_len_b=MAX_LEN_B)
+    tokens = [hub.encode(s) for s in sentences]
+    fairseq_alone = GeneratorHubInterface.generate.__wrapped__
+    with pytest.raises(Exception, match="--skip-invalid-size-inputs-valid-test"):
+        fairseq_alone(hub, tokens, max_len_b=MAX_LEN_B)
+    answered = hub.translate(sentences, skip_invalid_size_inputs=True, max_len_b=MAX_LEN_B)
+    first, second = (hub.translate(s, max_len_b=MAX_LEN_B) for s in SPM_SENTENCES[:2])
+    assert answered == [first, "", second]
+    hypos = hub.generate(tokens, skip_invalid_size_inputs=True, max_len_b=MAX_LEN_B)
+    assert [len(h) for h in hypos] == [5, 0, 5]
+    assert len(fairseq_alone(hub, tokens, skip_invalid_size_inputs=True, max_len_b=MAX_LEN_B)) == 2  # (shifted up)
+
+
 def test_a_data_folder_without_dictionaries_is_named(spm_trained):
     """The checkpoint directory alone (data_name_or_path left at '.'): fairseq's hub stopped with a bare
     ``Exception: Could not infer language pair``; the plugin names the folder and the argument to pass."""

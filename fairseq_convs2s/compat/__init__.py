@@ -14,7 +14,7 @@ prints the table.
 import os
 from typing import Callable, List, NamedTuple
 
-from . import batching, broken_checkpoints, checkpoints, interactive, quiet_exits, search, training
+from . import batching, broken_checkpoints, checkpoints, hub, interactive, quiet_exits, search, training
 
 
 class Fix(NamedTuple):
@@ -66,6 +66,14 @@ FIXES: List[Fix] = [
         search.refuse_empty_beams,
         "--beam 0 fails inside decoding; --nbest 0 divides by zero in BLEU",
         "FairseqTask.build_generator",
+    ),
+    Fix(
+        "hub_inputs",
+        hub.check_hub_inputs,
+        "the hub's translate fails deep inside on None, bytes or a float beam (NoneType is not iterable, Input must "
+        "be str or bytes); on a sentence too long with a bare Exception naming a command-line flag, and with "
+        "skip_invalid_size_inputs=True its translations no longer line up with the sentences",
+        "hub_utils.GeneratorHubInterface.sample, GeneratorHubInterface.generate",
     ),
     Fix(
         "dropped_sentences",

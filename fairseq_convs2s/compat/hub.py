@@ -1,0 +1,109 @@
+"""Say what is wrong with the sentences given to fairseq's hub interface (``from_pretrained(...).translate``), and
+answer every one of them.
+
+fairseq 0.12's ``GeneratorHubInterface.sample`` (which ``translate`` calls) takes one string or a list of them.
+Anything else failed where it was first used: ``None`` in ``'NoneType' object is not iterable``, bytes in
+sentencepiece's ``Input must be str or bytes``, a float beam in ``repeat()`` inside the search; a misspelt option
+(``lenpn=2``) was set on the generation config and ignored. A sentence longer
+than the model's source positions failed with a bare ``Exception`` naming a command-line flag
+(``--skip-invalid-size-inputs-valid-test``); with ``skip_invalid_size_inputs=True`` it was left out of the
+results without a word, so that the translations no longer lined up with the sentences.
+
+With the plugin loaded: TypeError or ValueError naming the argument, before anything is encoded or decoded; a
+sentence too long is named with its length and the limit; skipped, it is answered with no hypothesis (``generate``)
+or an empty translation (``sample``, ``translate``), in its place, with a warning.
+"""
+
+import inspect
+import logging
+import operator
+
+import torch
+from fairseq import hub_utils
+
+from fairseq_convs2s_autoload import is_replaced, replace
+
+logger = logging.getLogger("fairseq_convs2s.hub")
+
+
+def check_hub_inputs() -> None:
+    """Wrap ``GeneratorHubInterface.sample`` and ``.generate`` (idempotent)."""
+    hub = hub_utils.GeneratorHubInterface
+    if is_replaced(hub.generate):
+        return
+    original_generate = hub.generate
+
+    def sample(self, sentences, beam: int = 1, verbose: bool = False, **kwargs):
+        if isinstance(sentences, str):
+            return sample(self, [sentences], beam, verbose, **kwargs)[0]
+        sentences = _checked_sentences(sentences)
+        _check_beam(beam)
+        tokenized = [self.encode(sentence) for sentence in sentences]
+        batched_hypos = self.generate(tokenized, beam, verbose, **kwargs)
+        return [self.decode(hypos[0]["tokens"]) if hypos else "" for hypos in batched_hypos]  # ("": skipped)
+
+    def generate(
+        self, tokenized_sentences, beam: int = 5, verbose: bool = False, skip_invalid_size_inputs=False, **kwargs
+    ):
+        if torch.is_tensor(tokenized_sentences) and tokenized_sentences.dim() == 1:  # (one sentence: fairseq's path)
+            return original_generate(self, tokenized_sentences, beam, verbose, skip_invalid_size_inputs, **kwargs)
+        _check_beam(beam)
+        generation = getattr(self.cfg, "generation", None)
+        if generation is not None:  # (fairseq sets every other keyword on its generation config, read by nothing)
+            unknown = sorted(
+                set(kwargs) - set(generation.keys()) - set(inspect.signature(original_generate).parameters)
+            )
+            if unknown:
+                raise TypeError(f"no generation option {', '.join(unknown)}: the options are GenerationConfig's fields")
+        limit = _source_positions(self.max_positions)
+        if limit is None:
+            return original_generate(self, tokenized_sentences, beam, verbose, skip_invalid_size_inputs, **kwargs)
+        too_long = [i for i, tokens in enumerate(tokenized_sentences) if len(tokens) > limit]
+        if not too_long:
+            return original_generate(self, tokenized_sentences, beam, verbose, skip_invalid_size_inputs, **kwargs)
+        lengths = ", ".join(f"sentence {i}: {len(tokenized_sentences[i])} tokens" for i in too_long[:5])
+        lengths += ", ..." if len(too_long) > 5 else ""
+        if not skip_invalid_size_inputs:
+            raise ValueError(
+                f"{len(too_long)} of {len(tokenized_sentences)} sentences are longer than the model's {limit} source "
+                f"positions (EOS included; {lengths}): shorten them, or pass skip_invalid_size_inputs=True to have "
+                f"them answered with no translation"
+            )
+        logger.warning("no translation for %d sentences longer than %d positions (%s)", len(too_long), limit, lengths)
+        skipped = set(too_long)
+        kept = [tokens for i, tokens in enumerate(tokenized_sentences) if i not in skipped]
+        found = iter(original_generate(self, kept, beam, verbose, **kwargs) if kept else [])
+        return [[] if i in skipped else next(found) for i in range(len(tokenized_sentences))]
+
+    replace(hub, "sample", sample)
+    replace(hub, "generate", generate)
+
+
+def _checked_sentences(sentences) -> list:
+    """``sentences`` as a list, if it holds strings only (any iterable but bytes); else TypeError naming the first
+    that is not."""
+    try:
+        if isinstance(sentences, bytes):
+            raise TypeError
+        sentences = list(sentences)
+    except TypeError:
+        raise TypeError(f"sentences must be a str or a list of str, got {type(sentences).__name__}") from None
+    for i, sentence in enumerate(sentences):
+        if not isinstance(sentence, str):
+            raise TypeError(f"sentences[{i}] must be a str, got {type(sentence).__name__} {sentence!r:.80}")
+    return sentences
+
+
+def _check_beam(beam) -> None:
+    try:
+        operator.index(beam)
+    except TypeError:
+        raise TypeError(f"beam must be an int, got {type(beam).__name__} {beam!r}") from None
+
+
+def _source_positions(max_positions):
+    """The longest source (tokens with EOS) of the hub's ``max_positions``: a (source, target) pair for translation,
+    one number for other tasks, None for no limit."""
+    if isinstance(max_positions, (tuple, list)):
+        max_positions = max_positions[0]
+    return max_positions
