@@ -39,7 +39,7 @@ def test_budgets_become_the_budget_schedule_and_fairseqs_stopping_flags():
     assert "--lr-shrink" not in training.optimization_flags(update_budget=10)  # budget takes no plateau flags
 
 
-@pytest.mark.parametrize("text", ["0", "-5", "nan"])
+@pytest.mark.parametrize("text", ["0", "-5", "nan", "inf"])
 def test_a_budget_must_be_positive(text):
     with pytest.raises(argparse.ArgumentTypeError):
         pipeline.minutes(text)

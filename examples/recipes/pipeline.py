@@ -17,6 +17,7 @@ runs again, to train longer, makes stages 5-7 run again too):
 
 import argparse
 import contextlib
+import math
 import os
 import re
 import shlex
@@ -214,9 +215,10 @@ def updates(text: str) -> int:
 
 
 def minutes(text: str) -> float:
-    """argparse's type for ``--time-budget``: a positive number of minutes."""
+    """argparse's type for ``--time-budget``: a positive number of minutes (not inf: a budget that never ends never
+    anneals the rate; leave the flag out for the recipe's length in updates)."""
     value = float(text)
-    if not value > 0:
+    if not 0 < value < math.inf:
         raise argparse.ArgumentTypeError(f"must be a positive number of minutes, got {text}")
     return value
 
