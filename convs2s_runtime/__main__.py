@@ -28,7 +28,8 @@ def main(argv=None) -> int:
     p.add_argument(
         "--batch-size", type=int, default=64, help="at most this many waiting lines decoded together (default 64)"
     )
-    p.add_argument("--bf16", action="store_true", help="decode in bfloat16 where the CPU has it")
+    p.add_argument("--device", default="cpu", help="torch's device name: cpu (default), cuda, cuda:1, ...")
+    p.add_argument("--bf16", action="store_true", help="decode in bfloat16 where the device has it")
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
     p.add_argument("--max-len-a", type=float, default=0.0, help="hypotheses at most a * source length + b tokens")
     p.add_argument("--max-len-b", type=int, default=200)
@@ -40,9 +41,8 @@ def main(argv=None) -> int:
             p.error(f"--{flag.replace('_', '-')} must be at least 1, got {getattr(args, flag)}")
     written = 0  # lines answered on stdout
     try:
-        translator = Translator(
-            args.model_dir, compute_type="bfloat16" if args.bf16 else "float32", threads=args.threads
-        )
+        compute_type = "bfloat16" if args.bf16 else "float32"
+        translator = Translator(args.model_dir, args.device, compute_type, threads=args.threads)
         for out in _answers(translator, sys.stdin.fileno(), args):
             sys.stdout.write("".join(line + "\n" for line in out))
             sys.stdout.flush()

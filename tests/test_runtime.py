@@ -213,6 +213,7 @@ def test_the_command_line_ends_in_one_line(tmp_path):
     for flags, status, message in [
         (["--threads", "0"], 2, "error: --threads must be at least 1, got 0\n"),
         (["--max-len-b", "0"], 1, "convs2s_runtime: error: a source of 3 tokens (EOS included) allows hypotheses of"),
+        (["--device", "tpu9"], 1, "convs2s_runtime: error: device 'tpu9': "),
     ]:
         proc = subprocess.run(cmd + flags, input="w1 w2\n", capture_output=True, text=True, cwd=ROOT)
         assert proc.returncode == status and message in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
