@@ -64,9 +64,8 @@ class Translator:
             logger.warning("this CPU has no bf16 instructions: decoding in float32")
             dtype = torch.float32
         self.compute_type = "bfloat16" if dtype == torch.bfloat16 else "float32"
-        self.model = Model.load(
-            model_dir, dtype, self.device
-        )  # (its config first: a folder that is no export is named)
+        # (the config is read first: a folder that is no export is named)
+        self.model = Model.load(model_dir, dtype, self.device)
         self.source_vocabulary = read_vocabulary(model_dir, "source")
         self.target_vocabulary = read_vocabulary(model_dir, "target")
         self._source_index = {symbol: i for i, symbol in enumerate(self.source_vocabulary)}
@@ -182,7 +181,7 @@ class Translator:
 def _whole(name: str, value, least: int) -> int:
     """``value`` as an int, if it is a whole number of at least ``least``; else TypeError or ValueError naming it."""
     try:
-        whole = operator.index(value)  # (an int or numpy integer; not a float, not a bool's look-alike string)
+        whole = operator.index(value)  # (an int or a numpy integer; a float is refused)
     except TypeError:
         raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r}") from None
     if whole < least:

@@ -4,10 +4,10 @@ answer every one of them.
 fairseq 0.12's ``GeneratorHubInterface.sample`` (which ``translate`` calls) takes one string or a list of them.
 Anything else failed where it was first used: ``None`` in ``'NoneType' object is not iterable``, bytes in
 sentencepiece's ``Input must be str or bytes``, a float beam in ``repeat()`` inside the search; a misspelt option
-(``lenpn=2``) was set on the generation config and ignored. A sentence longer
-than the model's source positions failed with a bare ``Exception`` naming a command-line flag
-(``--skip-invalid-size-inputs-valid-test``); with ``skip_invalid_size_inputs=True`` it was left out of the
-results without a word, so that the translations no longer lined up with the sentences.
+(``lenpn=2``) was set on the generation config and ignored. A sentence longer than the model's source positions
+failed with a bare ``Exception`` naming a command-line flag (``--skip-invalid-size-inputs-valid-test``); with
+``skip_invalid_size_inputs=True`` it was left out of the results without a word, so that the translations no longer
+lined up with the sentences.
 
 With the plugin loaded: TypeError or ValueError naming the argument, before anything is encoded or decoded; a
 sentence too long is named with its length and the limit; skipped, it is answered with no hypothesis (``generate``)
@@ -17,6 +17,7 @@ or an empty translation (``sample``, ``translate``), in its place, with a warnin
 import inspect
 import logging
 import operator
+from collections.abc import Iterable
 
 import torch
 from fairseq import hub_utils
@@ -82,12 +83,9 @@ def check_hub_inputs() -> None:
 def _checked_sentences(sentences) -> list:
     """``sentences`` as a list, if it holds strings only (any iterable but bytes); else TypeError naming the first
     that is not."""
-    try:
-        if isinstance(sentences, bytes):
-            raise TypeError
-        sentences = list(sentences)
-    except TypeError:
-        raise TypeError(f"sentences must be a str or a list of str, got {type(sentences).__name__}") from None
+    if isinstance(sentences, bytes) or not isinstance(sentences, Iterable):
+        raise TypeError(f"sentences must be a str or a list of str, got {type(sentences).__name__}")
+    sentences = list(sentences)
     for i, sentence in enumerate(sentences):
         if not isinstance(sentence, str):
             raise TypeError(f"sentences[{i}] must be a str, got {type(sentence).__name__} {sentence!r:.80}")
