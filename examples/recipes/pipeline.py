@@ -182,12 +182,12 @@ def run(cmd: Sequence, log: Optional[Path] = None, append: bool = False, quiet: 
 
 
 def train_command() -> List[str]:
-    """fairseq-train; on a CPU the plugin's entry to it, ``python -m fairseq_convs2s.train`` (the same flags and
-    training loop; on a CPU it keeps the memory an update frees for the next, where glibc would map each large
-    tensor afresh: BENCHMARKS.md, "What bounds them")."""
-    import torch
-
-    return fairseq("train") if torch.cuda.is_available() else [sys.executable, "-m", "fairseq_convs2s.train"]
+    """The plugin's entry to fairseq-train, ``python -m fairseq_convs2s.train``, on every device: the same flags and
+    training loop, and an interrupt or SIGTERM saves where training is before it stops (fairseq-train stops at once,
+    losing every update since its last save: up to an epoch, hours of a WMT run on GPUs); ``--bf16`` is bfloat16 on
+    a GPU too (fairseq-train takes it for a TPU); on a CPU it keeps the memory an update frees for the next
+    (BENCHMARKS.md, "What bounds them")."""
+    return [sys.executable, "-m", "fairseq_convs2s.train"]
 
 
 def device_flags() -> List[str]:
