@@ -68,6 +68,18 @@ def test_a_beam_or_nbest_of_none_is_refused_naming_the_flag(setup, flag, count):
     assert task.build_generator([model], GenerationConfig(beam=2, nbest=2)).beam_size == 2
 
 
+def test_an_nbest_above_the_beam_is_refused(setup):
+    """fairseq keeps at most --beam hypotheses a sentence: --nbest 3 with --beam 2 printed two, saying nothing."""
+    model, dictionary, src = setup
+    task = TranslationTask(TranslationConfig(), dictionary, dictionary)
+    with pytest.raises(ValueError, match="--nbest 3 asks for more hypotheses than --beam 2 keeps"):
+        task.build_generator([model], GenerationConfig(beam=2, nbest=3))
+    generator = FairseqTask.build_generator.__wrapped__(task, [model], GenerationConfig(beam=2, nbest=3))
+    sample = {"net_input": {"src_tokens": src, "src_lengths": src.ne(dictionary.pad()).sum(1)}}
+    with torch.no_grad():
+        assert {len(hypotheses) for hypotheses in generator.generate([model], sample)} == {2}
+
+
 def test_fairseqs_generator_fails_inside_decoding_with_a_beam_of_none(setup):
     """What the check is for: fairseq builds the generator and fails at the first step, inside the model."""
     model, dictionary, src = setup

@@ -64,7 +64,8 @@ FIXES: List[Fix] = [
     Fix(
         "refuse_empty_beams",
         search.refuse_empty_beams,
-        "--beam 0 fails inside decoding; --nbest 0 divides by zero in BLEU",
+        "--beam 0 fails inside decoding; --nbest 0 divides by zero in BLEU; --nbest above --beam gives --beam "
+        "hypotheses, silently",
         "FairseqTask.build_generator",
     ),
     Fix(

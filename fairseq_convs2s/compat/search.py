@@ -11,9 +11,9 @@ Patched on importing the plugin, for every model of the process; a fairseq whose
 ``original_batch_idxs`` is left alone.
 
 ``refuse_empty_beams`` checks the two counts fairseq's generator is built with: ``--beam 0`` (or below) failed
-inside the first decoding step (a reshape of no rows, or a tensor of negative size) and ``--nbest 0`` printed no
-hypothesis and then divided by zero in fairseq's BLEU; both are now a ``ValueError`` naming the flag, before
-decoding.
+inside the first decoding step (a reshape of no rows, or a tensor of negative size), ``--nbest 0`` printed no
+hypothesis and then divided by zero in fairseq's BLEU, and an ``--nbest`` above a beam search's ``--beam`` printed
+``--beam`` hypotheses a sentence without a word; each is now a ``ValueError`` naming the flags, before decoding.
 """
 
 import inspect
@@ -72,6 +72,12 @@ def refuse_empty_beams() -> None:
             count = getattr(args, flag, 1)
             if count is not None and count < 1:
                 raise ValueError(f"--{flag} must be at least 1, got {count}")
-        return original_build(self, models, args, *rest, **kwargs)
+        generator = original_build(self, models, args, *rest, **kwargs)
+        nbest, beam = getattr(args, "nbest", 1) or 1, getattr(generator, "beam_size", None)  # (a beam search's)
+        if beam is not None and nbest > beam:
+            raise ValueError(
+                f"--nbest {nbest} asks for more hypotheses than --beam {beam} keeps: raise --beam to {nbest}"
+            )
+        return generator
 
     replace(FairseqTask, "build_generator", build_generator_checked)
