@@ -146,6 +146,7 @@ def _saving_when_asked(validate_and_save, stop: StopRequest):
                 len(epoch_itr),
                 saved,
             )
+        _leave_together(trainer)
         raise SystemExit(130)
 
     return wrapper
@@ -163,6 +164,15 @@ def _agreed_to_stop(trainer, stop: StopRequest) -> bool:
         return False
     stop.signal = stop.signal or "a signal to another training process"
     return True
+
+
+def _leave_together(trainer) -> None:
+    """With several ranks: wait until every rank has saved, then close the process group, before this one exits. A
+    rank that exited while another still wrote the checkpoint, its gloo connections open, was sometimes aborted
+    (terminate called without an active exception); fairseq's own end of training also meets at a barrier."""
+    if trainer.data_parallel_world_size > 1 and torch.distributed.is_initialized():
+        torch.distributed.barrier()
+        torch.distributed.destroy_process_group()
 
 
 def _guarded(trainer) -> bool:
