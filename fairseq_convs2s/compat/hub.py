@@ -33,6 +33,7 @@ def check_hub_inputs() -> None:
     if is_replaced(hub.generate):
         return
     original_generate = hub.generate
+    own_arguments = set(inspect.signature(original_generate).parameters)  # (taken by generate, not by the config)
 
     def sample(self, sentences, beam: int = 1, verbose: bool = False, **kwargs):
         if isinstance(sentences, str):
@@ -51,15 +52,11 @@ def check_hub_inputs() -> None:
         _check_beam(beam)
         generation = getattr(self.cfg, "generation", None)
         if generation is not None:  # (fairseq sets every other keyword on its generation config, read by nothing)
-            unknown = sorted(
-                set(kwargs) - set(generation.keys()) - set(inspect.signature(original_generate).parameters)
-            )
+            unknown = sorted(set(kwargs) - set(generation.keys()) - own_arguments)
             if unknown:
                 raise TypeError(f"no generation option {', '.join(unknown)}: the options are GenerationConfig's fields")
         limit = _source_positions(self.max_positions)
-        if limit is None:
-            return original_generate(self, tokenized_sentences, beam, verbose, skip_invalid_size_inputs, **kwargs)
-        too_long = [i for i, tokens in enumerate(tokenized_sentences) if len(tokens) > limit]
+        too_long = [i for i, tokens in enumerate(tokenized_sentences) if limit is not None and len(tokens) > limit]
         if not too_long:
             return original_generate(self, tokenized_sentences, beam, verbose, skip_invalid_size_inputs, **kwargs)
         lengths = ", ".join(f"sentence {i}: {len(tokenized_sentences[i])} tokens" for i in too_long[:5])

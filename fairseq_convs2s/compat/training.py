@@ -111,9 +111,9 @@ def _handling_stop_signals(main, stop: StopRequest):
 
 @contextlib.contextmanager
 def stop_signals_handled_by(handler) -> Iterator[None]:
-    """Inside, SIGINT and SIGTERM call ``handler``, and the system call either lands in restarts (Python's own
-    handlers interrupt it, and gloo, waiting in a read for another rank's part of an all-reduce, aborted the process
-    on the interruption); the handlers before are put back on the way out."""
+    """Inside, SIGINT and SIGTERM call ``handler``, and a system call that either signal interrupts restarts instead of
+    failing with EINTR (Python's default for its handlers; a rank's gloo calls should not see it); the handlers
+    before are put back on the way out."""
     previous = {signum: signal.signal(signum, handler) for signum in (signal.SIGINT, signal.SIGTERM)}
     for signum in previous:
         signal.siginterrupt(signum, False)
