@@ -13,6 +13,9 @@
 #                                  # (ARCHS="convs2s fconv"), seeds 1 and 2, --update-budget UPDATES (3500)
 #   scripts/gpu_checks.sh seeds    # the recipe's defaults against its earlier ones (the plateau rule, separate
 #                                  # embeddings), three seeds each, each scored with checkpoint_best.pt and the average
+#   scripts/gpu_checks.sh pending  # what has never run on a GPU, in one call (a session's 15 minutes): the recipe's
+#                                  # defaults with seed 3, trained through python -m fairseq_convs2s.train, beside
+#                                  # the distributed check
 #   scripts/gpu_checks.sh forms    # benchmarks.train_forms: the compiled update against the eager one, bf16 and fp32
 #   scripts/gpu_checks.sh memory   # benchmarks.checkpoint_activations: --checkpoint-activations' memory and time,
 #                                  # the harness's batch and a 256 x 101-token one (DEVICE=cpu: on the CPU);
@@ -23,7 +26,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
-STAGE=${1:?usage: scripts/gpu_checks.sh bench|distributed|recipe|budget|embeddings|seeds|forms|memory|runtime}
+STAGE=${1:?usage: scripts/gpu_checks.sh bench|distributed|recipe|budget|embeddings|seeds|pending|forms|memory|runtime}
 KIT=${KIT:-.gpu_kit}
 OUT=${OUT:-gpu_out}
 PY=${PY:-python3}
@@ -162,6 +165,16 @@ case "$STAGE" in
     done
     wait
     ;;
+  pending)  # more arguments go to the recipe (a try on a CPU: DEVICE=cpu ... --max-train-lines 300 --update-budget 20)
+    (
+      : >"$OUT/default_seed3.log"
+      multi30k default_seed3 480 --workers 2 --train-args "--seed 3" "${@:2}"
+      echo "[gpu_checks] default_seed3: exit $? $(cut -f1 "$RUNS/default_seed3/checkpoints/chosen.txt" 2>/dev/null)" \
+        "chosen; $(grep -h '^test (' "$OUT/default_seed3.log")"
+    ) &
+    [ "${DEVICE:-cuda}" = cuda ] && step distributed 300 "$PY" scripts/check_distributed_gpu.py
+    wait
+    ;;
   forms)
     for dtype in bf16 fp32; do
       step "forms_$dtype" 280 "$PY" -m benchmarks.train_forms --device cuda --variants torch-compile,fairseq-loss \
@@ -178,7 +191,7 @@ case "$STAGE" in
       --json "$OUT/checkpoint_activations_big.json"
     ;;
   *)
-    echo "unknown stage $STAGE: bench, distributed, recipe, budget, embeddings, seeds, forms, memory or runtime" >&2
+    echo "unknown stage $STAGE: bench, distributed, recipe, budget, embeddings, seeds, pending, forms, memory or runtime" >&2
     exit 2
     ;;
 esac
