@@ -3,7 +3,9 @@
 Lines are translated as they arrive, the ones waiting together (at most ``--batch-size``): a line written alone is
 answered at once. An empty line gives an empty line; a line longer than the model's source positions is cut to them
 with a warning on stderr; bytes that are not UTF-8 are read as U+FFFD, with a warning; no line is ever dropped.
-Sentencepiece is applied when the folder has a model; the output is the best hypothesis's text. An interrupt (exit
+Sentencepiece is applied when the folder has a model; the output is the best hypothesis's text, or with ``--nbest N``
+the N best of each line, best first, as ``LINE<TAB>SCORE<TAB>TEXT`` (LINE counts the input lines from 0, as
+fairseq's ids; SCORE is fairseq's; an empty line's N lines have no score and no text). An interrupt (exit
 130) says how many lines were answered before it, a reader that goes away (``| head``) ends the run quietly (exit
 141, as SIGPIPE would), and settings no line can meet end it in one line (exit 1).
 """
@@ -35,18 +37,26 @@ def main(argv=None) -> int:
     p.add_argument("--max-len-b", type=int, default=200)
     p.add_argument("--min-len", type=int, default=1, help="hypotheses at least this many tokens (default 1)")
     p.add_argument("--lenpen", type=float, default=1.0, help="scores divided by length ** lenpen (default 1)")
+    p.add_argument(
+        "--nbest",
+        type=int,
+        default=None,
+        help="write the N best hypotheses of each line, best first, as LINE<TAB>SCORE<TAB>TEXT (LINE from 0)",
+    )
     args = p.parse_args(argv)
-    for flag in ("beam", "batch_size", "threads"):
+    for flag in ("beam", "batch_size", "threads", "nbest"):
         if getattr(args, flag) is not None and getattr(args, flag) < 1:
             p.error(f"--{flag.replace('_', '-')} must be at least 1, got {getattr(args, flag)}")
+    if args.nbest is not None and args.nbest > args.beam:
+        p.error(f"--nbest {args.nbest} asks for more hypotheses than --beam {args.beam} keeps")
     written = 0  # lines answered on stdout
     try:
         compute_type = "bfloat16" if args.bf16 else "float32"
         translator = Translator(args.model_dir, args.device, compute_type, threads=args.threads)
-        for out in _answers(translator, sys.stdin.fileno(), args):
-            sys.stdout.write("".join(line + "\n" for line in out))
+        for answers in _answers(translator, sys.stdin.fileno(), args):
+            sys.stdout.write("".join(line + "\n" for lines in answers for line in lines))
             sys.stdout.flush()
-            written += len(out)
+            written += len(answers)
         return 0
     except BrokenPipeError:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # (the exit's own flush has nowhere to fail)
@@ -62,18 +72,33 @@ def main(argv=None) -> int:
         return 130
 
 
-def _answers(translator: Translator, fd: int, args) -> Iterator[List[str]]:
-    """The best hypothesis's text for each line read from ``fd``, a batch of lines at a time, in order; an empty line's
-    is empty."""
+def _answers(translator: Translator, fd: int, args) -> Iterator[List[List[str]]]:
+    """The answers to the lines read from ``fd``, a batch of lines at a time, in order, each a list of output lines:
+    the best hypothesis's text (an empty line's is empty), or with ``--nbest`` its ``LINE<TAB>SCORE<TAB>TEXT``
+    lines."""
+    first = 0  # the number of the batch's first line
     for batch in _batches(fd, args.batch_size):
         todo = [i for i, line in enumerate(batch) if line.strip()]
         results = translator.translate_batch(
-            [batch[i] for i in todo], args.beam, args.max_len_a, args.max_len_b, args.lenpen, min_len=args.min_len
+            [batch[i] for i in todo],
+            args.beam,
+            args.max_len_a,
+            args.max_len_b,
+            args.lenpen,
+            nbest=args.nbest or 1,
+            min_len=args.min_len,
         )
-        out = [""] * len(batch)
+        hypotheses = [[] for _ in batch]
         for i, result in zip(todo, results):
-            out[i] = result.hypotheses[0].text
-        yield out
+            hypotheses[i] = result.hypotheses
+        if args.nbest is None:
+            yield [[found[0].text if found else ""] for found in hypotheses]
+        else:
+            yield [
+                [f"{first + i}\t{h.score}\t{h.text}" if h else f"{first + i}\t\t" for h in found or [None] * args.nbest]
+                for i, found in enumerate(hypotheses)
+            ]
+        first += len(batch)
 
 
 def _batches(fd: int, batch_size: int) -> Iterator[List[str]]:

@@ -184,6 +184,29 @@ def test_the_command_line_answers_every_line_in_order(tmp_path):
     assert f"cut to the model's {max_positions} positions" in proc.stderr
 
 
+def test_the_command_line_writes_the_n_best_with_their_scores(tmp_path):
+    """``--nbest N``: N lines for each input line, best first, ``LINE<TAB>SCORE<TAB>TEXT`` with the lines counted
+    across batches and the API's hypotheses and scores; an empty line's N lines have no score and no text."""
+    d = make_dictionary(25)
+    export(_convs2s_checkpoint(tmp_path, "convs2s_iwslt_de_en", d), tmp_path / "model")
+    lines = ["w1 w2 w3", "", "w4 w5", "w6 w7 w8 w9"]
+    results = Translator(tmp_path / "model").translate_batch([line for line in lines if line], beam_size=3, nbest=2)
+    expected = iter(results)
+    cmd = [sys.executable, "-m", "convs2s_runtime", str(tmp_path / "model"), "--beam", "3", "--nbest", "2"]
+    proc = subprocess.run(cmd + ["--batch-size", "2"], input="\n".join(lines) + "\n", capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    out = [row.split("\t") for row in proc.stdout.split("\n")[:-1]]
+    assert [int(number) for number, _, _ in out] == [0, 0, 1, 1, 2, 2, 3, 3]
+    for number, line in enumerate(lines):
+        written = out[2 * number : 2 * number + 2]
+        if not line:
+            assert written == [[str(number), "", ""]] * 2
+            continue
+        hypotheses = next(expected).hypotheses
+        assert [text for _, _, text in written] == [h.text for h in hypotheses]
+        assert all(_score_close(float(score), h.score) for (_, score, _), h in zip(written, hypotheses))
+
+
 def test_the_command_line_answers_a_line_as_it_arrives(tmp_path):
     """A process that writes one line and waits for its translation gets it (the command waited for --batch-size
     lines or the end of input first); a line that is not UTF-8 is answered as read with U+FFFD, with a warning (it
@@ -214,6 +237,7 @@ def test_the_command_line_ends_in_one_line(tmp_path):
         (["--threads", "0"], 2, "error: --threads must be at least 1, got 0\n"),
         (["--max-len-b", "0"], 1, "convs2s_runtime: error: a source of 3 tokens (EOS included) allows hypotheses of"),
         (["--device", "tpu9"], 1, "convs2s_runtime: error: device 'tpu9': "),
+        (["--nbest", "6"], 2, "error: --nbest 6 asks for more hypotheses than --beam 5 keeps\n"),
     ]:
         proc = subprocess.run(cmd + flags, input="w1 w2\n", capture_output=True, text=True, cwd=ROOT)
         assert proc.returncode == status and message in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
