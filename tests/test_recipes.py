@@ -8,6 +8,7 @@ averaging; fairseq-generate with beam 5; scoring. The helpers of examples/recipe
 
 import gzip
 import io
+import json
 import os
 import re
 import shlex
@@ -27,6 +28,7 @@ from recipes import pipeline, scoring, text  # noqa: E402
 from recipes.average_checkpoints import average_checkpoints, last_epoch_checkpoints  # noqa: E402
 from recipes.average_checkpoints import main as average_main  # noqa: E402
 from recipes.download import extract, sgm_segments, split_train_valid  # noqa: E402
+from recipes.settings import RunSettings, SettingsChanged  # noqa: E402
 
 SIZES = {"train": 300, "valid": 20, "test": 20}
 TINY = [
@@ -224,6 +226,61 @@ def test_multi30k_local_files(runs, corpus):
     assert again.stdout.count("already done") == 7, again.stdout
     assert "\n$ " not in again.stdout
     assert report.strip() in again.stdout
+
+
+def test_a_second_command_into_the_same_out_never_reports_the_firsts_results(runs, tmp_path):
+    """Another --vocab-size, direction or model into a finished run's --out is refused in one line, naming the
+    setting and both values, before anything runs (it skipped the stages those settings decide and printed the
+    first model's score as the second's); another --generate-args generates and scores again, and says why."""
+    finished = runs["multi30k"]
+    finished.result()
+    out = tmp_path / "out"
+    shutil.copytree(finished.out, out)
+    cmd = list(finished.cmd)
+    cmd[cmd.index("--out") + 1] = str(out)
+    score = (out / "score-test.auto.txt").read_text()
+    trained_with = [*TINY, "--max-epoch", "4"]
+    for args, message in [
+        (["--vocab-size", "41"], "--vocab-size 40, this command 41): give this command its own --out, or delete spm/"),
+        (["--source-lang", "de"], '--source-lang/--target-lang "en-de", this command "de-en"'),
+        (
+            ["--train-args", shlex.join([*trained_with, "--seed", "2"])],
+            "or only checkpoints/train.done there to train on",
+        ),
+        (["--train-args", shlex.join([*trained_with, "--arch", "fconv_iwslt_de_en"])], "to train anew\n"),
+    ]:
+        proc = subprocess.run(cmd + args, capture_output=True, text=True, timeout=120, cwd=out)
+        assert proc.returncode == 1, proc.stderr[-3000:]
+        assert proc.stderr.startswith("run.py: error: ") and message in proc.stderr, proc.stderr
+        assert "Traceback" not in proc.stderr and "\n$ " not in proc.stdout  # nothing ran
+        assert (out / "score-test.auto.txt").read_text() == score
+    assert "train on" not in proc.stderr  # (another model cannot go on from this one's checkpoint)
+
+    other = ["--generate-args", shlex.join([*GENERATE, "--lenpen", "1.5"])]
+    proc = subprocess.run(cmd + other, capture_output=True, text=True, timeout=300, cwd=out)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert f"--generate-args {json.dumps(shlex.join(GENERATE))}, this command " in proc.stdout
+    assert ": generating again\n" in proc.stdout
+    commands = re.findall(r"^\$ .*", proc.stdout, re.M)
+    assert len(commands) == 1 and "fairseq_cli.generate" in commands[0] and "--lenpen 1.5" in commands[0]
+    again = subprocess.run(cmd + other, capture_output=True, text=True, timeout=120, cwd=out)
+    assert again.returncode == 0 and again.stdout.count("already done") == 7, again.stdout
+
+
+def test_settings_are_compared_only_where_their_output_is_kept(tmp_path):
+    """A stage's output that was deleted is made anew (its record no obstacle); an unreadable record is named."""
+    made = tmp_path / "spm"
+    made.mkdir()
+    settings = RunSettings(tmp_path)
+    settings.record("sentencepiece", {"vocab_size": 8000, "max_train_lines": None})
+    with pytest.raises(SettingsChanged, match=r"--vocab-size 8000, this command 4000\): give this command its own"):
+        RunSettings(tmp_path).refuse_changed("sentencepiece", {"vocab_size": 4000, "max_train_lines": None}, made, "")
+    RunSettings(tmp_path).refuse_changed("sentencepiece", {"vocab_size": 8000, "max_train_lines": None}, made, "")
+    made.rmdir()
+    RunSettings(tmp_path).refuse_changed("sentencepiece", {"vocab_size": 4000, "max_train_lines": None}, made, "")
+    (tmp_path / "settings.json").write_text('{"sentencepiece": ')
+    with pytest.raises(SettingsChanged, match="settings.json cannot be read"):
+        RunSettings(tmp_path)
 
 
 # ---- wmt14_en_de: the download path ---------------------------------------------------------------------------

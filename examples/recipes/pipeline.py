@@ -2,7 +2,9 @@
 settings (a :class:`Recipe`) and calls :func:`main`.
 
 Stages, each skipped when its output is already there (delete a stage's output to run it again; a training that
-runs again, to train longer, makes stages 5-7 run again too):
+runs again, to train longer, makes stages 5-7 run again too). ``OUT/settings.json`` keeps the settings each output
+was made with (``settings.py``): a command with other settings stops before stages 1-4 instead of skipping them,
+and runs 5-7 again:
 
   1 data            download and unpack (or ``--raw-dir`` with local files), normalize  -> OUT/raw/
   2 sentencepiece   one joint vocabulary over both sides of train; encode; length/ratio filter -> OUT/spm/
@@ -36,6 +38,7 @@ USER_DIR = REPO / "fairseq_convs2s"
 sys.path.insert(0, str(HERE.parent))
 
 from recipes import final_model, scoring, text, training  # noqa: E402
+from recipes.settings import RunSettings, SettingsChanged  # noqa: E402
 
 SPLITS = ("train", "valid", "test")
 
@@ -141,7 +144,7 @@ def errors_in_one_line(prog: str) -> Iterator[None]:
     (exit 130), not a traceback."""
     try:
         yield
-    except (text.DataError, CommandFailed) as e:
+    except (text.DataError, CommandFailed, SettingsChanged) as e:
         sys.exit(f"{prog}: error: {e}")
     except KeyboardInterrupt:
         print(f"\n{prog}: interrupted; run the same command again to go on from here", file=sys.stderr)
@@ -323,6 +326,23 @@ def run_stages(recipe: Recipe, args: argparse.Namespace, src: str, tgt: str) -> 
     raw, spm_dir, bin_dir, ckpt = out / "raw", out / "spm", out / "data-bin", out / "checkpoints"
     eval_sets = [EvalSet("test")] + (recipe.extra_eval_sets(args) if recipe.extra_eval_sets else [])
     timings: Dict[str, float] = {}
+    # what each stage's output depends on: its own settings and those of the stages before it
+    settings = RunSettings(out)
+    train_args = shlex.split(args.train_args)
+    arch = training.given_value(train_args, "--arch") or recipe.arch  # --train-args win
+    raw_from = str(args.raw_dir.resolve()) if args.raw_dir else "download"
+    made_with = {"data": {"raw_dir": raw_from, "max_train_lines": args.max_train_lines}}
+    made_with["sentencepiece"] = {**made_with["data"], "vocab_size": args.vocab_size}
+    made_with["preprocess"] = {**made_with["sentencepiece"], "pair": f"{src}-{tgt}"}
+    made_with["train"] = {
+        **made_with["preprocess"],
+        "arch": arch,
+        **{key: getattr(args, key, None) for key in ("train_args", "time_budget", "update_budget", "precision")},
+        "separate_embeddings": getattr(args, "separate_embeddings", False),
+    }
+    made_with["average"] = {**made_with["train"], "average_last": args.average_last}
+    tested = made_with["average"] if args.checkpoint in ("avg", "auto") else made_with["train"]
+    made_with["generate"] = {**tested, "generate_args": args.generate_args}
 
     def timed(name, fn, *fn_args, **fn_kwargs):
         started = time.time()
@@ -331,19 +351,33 @@ def run_stages(recipe: Recipe, args: argparse.Namespace, src: str, tgt: str) -> 
 
     # 1 -----------------------------------------------------------------------------------------------------
     last_set = eval_sets[-1].name
+    settings.refuse_changed(
+        "data", made_with["data"], raw, f"delete {_folders(out, raw, spm_dir, bin_dir, ckpt)} to redo them"
+    )
     if stage("1/7 data", raw / f"{last_set}.{recipe.langs[1]}"):
         timed("data", prepare_raw, recipe, args, raw, eval_sets)
+        settings.record("data", made_with["data"])
 
     # 2 -----------------------------------------------------------------------------------------------------
     spm_model = spm_dir / "spm.model"
+    settings.refuse_changed(
+        "sentencepiece",
+        made_with["sentencepiece"],
+        spm_dir,
+        f"delete {_folders(out, spm_dir, bin_dir, ckpt)} to redo them",
+    )
     if stage(
         f"2/7 sentencepiece (joint {recipe.spm_model_type}, {args.vocab_size} pieces)", spm_dir / f"{last_set}.done"
     ):
         timed("sentencepiece", prepare_pieces, recipe, args, raw, spm_dir, eval_sets)
+        settings.record("sentencepiece", made_with["sentencepiece"])
 
     # 3 -----------------------------------------------------------------------------------------------------
     pair = f"{src}-{tgt}"
     last_subset = "test" if len(eval_sets) == 1 else f"test{len(eval_sets) - 1}"
+    settings.refuse_changed(
+        "preprocess", made_with["preprocess"], bin_dir, f"delete {_folders(out, bin_dir, ckpt)} to redo them"
+    )
     if stage(f"3/7 fairseq-preprocess {pair}", bin_dir / f"{last_subset}.{pair}.{tgt}.idx"):
         shutil.rmtree(bin_dir, ignore_errors=True)
         test_prefixes = ",".join(str(spm_dir / e.name) for e in eval_sets)
@@ -353,11 +387,16 @@ def run_stages(recipe: Recipe, args: argparse.Namespace, src: str, tgt: str) -> 
             "--destdir", bin_dir, "--workers", args.workers,
         ]  # fmt: skip
         timed("preprocess", run, cmd)
+        settings.record("preprocess", made_with["preprocess"])
 
     # 4 -----------------------------------------------------------------------------------------------------
-    # an interrupted training resumes from checkpoint_last.pt (fairseq's default --restore-file)
-    train_args = shlex.split(args.train_args)
-    arch = training.given_value(train_args, "--arch") or recipe.arch  # --train-args win
+    # an interrupted training resumes from checkpoint_last.pt (fairseq's default --restore-file), and so does a
+    # training told to go on (train.done deleted), with this command's settings
+    if (ckpt / "train.done").exists():
+        remedy = f"delete {_folders(out, ckpt)} to train anew"
+        if settings.difference("train", {"arch": arch}) is None:  # (the same model: it can train on)
+            remedy += f", or only {ckpt.name}/train.done there to train on from its last checkpoint with this command"
+        settings.refuse_changed("train", made_with["train"], ckpt, remedy)
     if stage(f"4/7 fairseq-train --arch {arch}", ckpt / "train.done"):
         import torch
 
@@ -383,17 +422,11 @@ def run_stages(recipe: Recipe, args: argparse.Namespace, src: str, tgt: str) -> 
         ]  # fmt: skip
         timed("train", run, cmd, log=out / "train.log", append=True)
         (ckpt / "train.done").touch()
+        settings.record("train", made_with["train"])
         # a new model: the average and the outputs of an earlier model are stale (this is how "train longer"
         # works: delete checkpoints/train.done and run again with a larger --max-epoch)
-        for stale in [
-            ckpt / "checkpoint_avg.pt",
-            ckpt / "chosen.txt",
-            out / "curve.png",
-            *out.glob("generate-*.txt"),
-            *out.glob("*.hyp"),
-            *out.glob("score-*"),
-        ]:
-            stale.unlink(missing_ok=True)
+        _remove(ckpt / "checkpoint_avg.pt", ckpt / "chosen.txt", out / "curve.png", *_outputs(out))
+        settings.forget("average", "generate")
 
     if not (out / "curve.png").exists() and (out / "train.log").exists():
         write_curve(out, f"{recipe.name} {pair}, {arch}")
@@ -401,9 +434,22 @@ def run_stages(recipe: Recipe, args: argparse.Namespace, src: str, tgt: str) -> 
     # 5 -----------------------------------------------------------------------------------------------------
     model = {"best": ckpt / "checkpoint_best.pt", "last": ckpt / "checkpoint_last.pt"}.get(args.checkpoint)
     if args.checkpoint in ("avg", "auto"):
+        difference = settings.difference("average", made_with["average"])
+        if difference is not None:
+            print(f"   {difference}: averaging and generating again")
+            _remove(ckpt / "checkpoint_avg.pt", ckpt / "chosen.txt", *_outputs(out))
+            settings.forget("average", "generate")
+        fresh = not (ckpt / ("chosen.txt" if args.checkpoint == "auto" else "checkpoint_avg.pt")).exists()
         model = average_and_choose(args, ckpt, bin_dir, src, tgt)
+        if fresh:
+            settings.record("average", made_with["average"])
 
     # 6, 7 --------------------------------------------------------------------------------------------------
+    difference = settings.difference("generate", made_with["generate"])
+    if difference is not None:
+        print(f"   {difference}: generating again")
+        _remove(*_outputs(out))
+        settings.forget("generate")
     summary = []
     for i, eval_set in enumerate(eval_sets):
         subset = "test" if i == 0 else f"test{i}"
@@ -423,6 +469,7 @@ def run_stages(recipe: Recipe, args: argparse.Namespace, src: str, tgt: str) -> 
             timed(f"generate {eval_set.name}", run, cmd, log=partial, quiet=("S-", "T-", "H-", "D-", "P-"))
             write_hypotheses(partial, hyp_file)
             partial.rename(generated)
+            settings.record("generate", made_with["generate"])
         if stage(f"7/7 score {eval_set.name}", score_file):
             score_file.write_text(score(recipe, eval_set, hyp_file, raw, tgt) + "\n")
         summary.append(f"{eval_set.name} ({model.name}): {score_file.read_text().strip()}")
@@ -443,6 +490,23 @@ def run_stages(recipe: Recipe, args: argparse.Namespace, src: str, tgt: str) -> 
         f"--source-lang {src} --target-lang {tgt} --bpe sentencepiece --sentencepiece-model {spm_model}"
         "   (add --cpu on a machine without a GPU)"
     )
+
+
+def _outputs(out: Path) -> List[Path]:
+    """The generation outputs and scores in ``out``, of every test set and model."""
+    return [*out.glob("generate-*.txt"), *out.glob("*.hyp"), *out.glob("score-*")]
+
+
+def _remove(*paths: Path) -> None:
+    for path in paths:
+        path.unlink(missing_ok=True)
+
+
+def _folders(out: Path, *folders: Path) -> str:
+    """``raw/, spm/ and data-bin/ in OUT``: the folders to delete, named for a message."""
+    names = [f"{folder.name}/" for folder in folders]
+    listed = names[0] if len(names) == 1 else f"{', '.join(names[:-1])} and {names[-1]}"
+    return f"{listed} in {out}"
 
 
 def write_curve(out: Path, title: str) -> None:
