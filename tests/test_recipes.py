@@ -606,6 +606,26 @@ def test_the_quickstarts_bad_flags_are_usage_errors(args):
     assert "==" not in result.stdout  # no stage started
 
 
+def test_the_quickstart_never_reports_another_commands_model(tmp_path):
+    """Another --vocab-size or --max-epoch into a finished quickstart's --out skipped the stages they decide and
+    printed the first model's BLEU; now one line names the flag and both values, before anything runs."""
+    for folder in ("spm", "data-bin", "checkpoints"):
+        (tmp_path / folder).mkdir()
+    (tmp_path / "checkpoints" / "train.done").touch()
+    settings = RunSettings(tmp_path)
+    for stage in ("sentencepiece", "preprocess"):
+        settings.record(stage, {"vocab_size": 120})
+    settings.record("train", {"vocab_size": 120, "max_epoch": 5})
+    for args, message in [
+        (["--vocab-size", "100"], "spm was made by another command (--vocab-size 120, this command 100)"),
+        (["--max-epoch", "8"], "checkpoints was made by another command (--max-epoch 5, this command 8)"),
+    ]:
+        result = run_example("quickstart", "--out", str(tmp_path), *args, timeout=60)
+        assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr
+        assert result.stderr.startswith("run.py: error: ") and message in result.stderr, result.stderr
+        assert "\n$ " not in result.stdout and not (tmp_path / "raw").exists()  # nothing ran
+
+
 def test_the_quickstart_names_a_command_that_fails(tmp_path):
     """A stage's command that failed (here fairseq-preprocess, whose destination is a file) ended the quickstart in
     a traceback of subprocess.CalledProcessError; a --vocab-size above what the corpus holds, in sentencepiece's."""

@@ -6,6 +6,7 @@ import math
 import re
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from cli_helpers import REPO_ROOT
@@ -114,3 +115,36 @@ def test_finetune_ends_a_failed_or_interrupted_command_in_one_line(tmp_path, mon
         assert (1 if isinstance(code, str) else code) == status and message in err, err
     assert "RuntimeError: what went wrong" in err  # (the output's tail, above the line)
     assert "RuntimeError: what went wrong" in (tmp_path / "out" / "gen_start.log").read_text()
+
+
+def test_finetune_never_reports_a_run_another_command_trained(tmp_path, monkeypatch, capsys):
+    """A second call into the same --out with another --risk-alpha printed the first call's risk run (its
+    checkpoint, score and timing) under the second's settings; now it stops before anything runs, naming the flag
+    and both values. The same command reuses the finished runs."""
+    finetune = _finetune()
+    monkeypatch.setattr(finetune, "language_pair", lambda data: ("de", "en"))
+    monkeypatch.setattr(finetune, "checkpoint_model_flags", lambda checkpoint: ["--arch", "convs2s_iwslt_de_en"])
+    monkeypatch.setattr(finetune, "previous_training_time", lambda checkpoint: 36.0)
+    monkeypatch.setattr(finetune, "bleu", lambda *args: "BLEU = 30.00 60.0/40.0/30.0/20.0")
+    trained = []
+
+    def run(cmd, log):
+        save_dir = Path(cmd[cmd.index("--save-dir") + 1])
+        save_dir.mkdir(parents=True)
+        (save_dir / "checkpoint_last.pt").write_text("")
+        trained.append(save_dir.name)
+        return "num_updates=100"
+
+    monkeypatch.setattr(finetune, "run", run)
+    (tmp_path / "model.pt").write_text("")
+    argv = [str(tmp_path), str(tmp_path / "model.pt"), "--out", str(tmp_path / "out"), "--post-process", "none"]
+    finetune.main(argv)
+    assert trained == ["risk", "token", "token-time"]
+    finetune.main(argv)
+    assert trained == ["risk", "token", "token-time"]  # (all reused)
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as ended:
+        finetune.main(argv + ["--risk-alpha", "0.5"])
+    message = f"finetune.py: error: {tmp_path / 'out' / 'risk'} was trained by another command (--risk-alpha 0.3, "
+    assert str(ended.value.code).startswith(message + "this command 0.5): give this command its own --out")
+    assert trained == ["risk", "token", "token-time"] and "$ " not in capsys.readouterr().out

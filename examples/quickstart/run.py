@@ -2,7 +2,8 @@
 
     python examples/quickstart/run.py [--out outputs/quickstart] [--max-epoch 8]
 
-Stages (each skipped when its output is already there): corpus, sentencepiece, fairseq-preprocess,
+Stages (each skipped when its output is already there, made with the same flags: OUT/settings.json; another
+--vocab-size or --max-epoch into a finished --out stops with one line): corpus, sentencepiece, fairseq-preprocess,
 fairseq-train (--arch convs2s_iwslt_de_en), fairseq-generate scored with sacrebleu, fairseq-interactive,
 an attention heat map (PNG). Everything lands in the --out folder.
 """
@@ -21,6 +22,7 @@ sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent))
 
 from recipes.pipeline import count, errors_in_one_line, failure, out_dir  # noqa: E402
+from recipes.settings import RunSettings, folders  # noqa: E402
 from toy_corpus import make_corpus  # noqa: E402
 
 SPLITS = {"train": 8000, "valid": 400, "test": 500}
@@ -71,6 +73,14 @@ def run_stages(args: argparse.Namespace) -> None:
     out = args.out.resolve()
     raw, spm_dir, bin_dir, ckpt = out / "raw", out / "spm", out / "data-bin", out / "checkpoints"
     started = time.time()
+    settings = RunSettings(out)
+    pieces = {"vocab_size": args.vocab_size}
+    trained = {**pieces, "max_epoch": args.max_epoch}
+    redo = f"delete {folders(out, spm_dir, bin_dir, ckpt)} to redo them"
+    settings.refuse_changed("sentencepiece", pieces, spm_dir, redo)
+    settings.refuse_changed("preprocess", pieces, bin_dir, redo)
+    if (ckpt / "train.done").exists():
+        settings.refuse_changed("train", trained, ckpt, f"delete {folders(out, ckpt)} to train anew")
 
     if stage("1/7 corpus", raw / "test.tgt"):
         raw.mkdir(parents=True, exist_ok=True)
@@ -103,6 +113,7 @@ def run_stages(args: argparse.Namespace) -> None:
                 lines = (raw / f"{split}.{side}").read_text().splitlines()
                 encoded = [" ".join(sp.encode(line, out_type=str)) for line in lines]
                 (spm_dir / f"{split}.{side}").write_text("".join(e + "\n" for e in encoded))
+        settings.record("sentencepiece", pieces)
 
     if stage("3/7 fairseq-preprocess", bin_dir / "dict.tgt.txt"):
         shutil.rmtree(bin_dir, ignore_errors=True)
@@ -111,6 +122,7 @@ def run_stages(args: argparse.Namespace) -> None:
             "--trainpref", spm_dir / "train", "--validpref", spm_dir / "valid", "--testpref", spm_dir / "test",
             "--destdir", bin_dir, "--workers", "2",
         ])  # fmt: skip
+        settings.record("preprocess", pieces)
 
     # done when training ends, not at the first checkpoint: an interrupted training resumes
     if stage("4/7 fairseq-train --arch convs2s_iwslt_de_en", ckpt / "train.done"):
@@ -123,6 +135,9 @@ def run_stages(args: argparse.Namespace) -> None:
             "--no-epoch-checkpoints", "--seed", "1", "--num-workers", "0",
         ])  # fmt: skip
         (ckpt / "train.done").touch()
+        settings.record("train", trained)
+        for stale in ("generate-test.txt", "interactive.txt", "attention.png"):  # (an earlier model's)
+            (out / stale).unlink(missing_ok=True)
 
     generate_log = out / "generate-test.txt"
     if stage("5/7 fairseq-generate (beam 5, sacrebleu on detokenized text)", generate_log):

@@ -38,7 +38,7 @@ USER_DIR = REPO / "fairseq_convs2s"
 sys.path.insert(0, str(HERE.parent))
 
 from recipes import final_model, scoring, text, training  # noqa: E402
-from recipes.settings import RunSettings, SettingsChanged  # noqa: E402
+from recipes.settings import RunSettings, SettingsChanged, folders  # noqa: E402
 
 SPLITS = ("train", "valid", "test")
 
@@ -352,7 +352,7 @@ def run_stages(recipe: Recipe, args: argparse.Namespace, src: str, tgt: str) -> 
     # 1 -----------------------------------------------------------------------------------------------------
     last_set = eval_sets[-1].name
     settings.refuse_changed(
-        "data", made_with["data"], raw, f"delete {_folders(out, raw, spm_dir, bin_dir, ckpt)} to redo them"
+        "data", made_with["data"], raw, f"delete {folders(out, raw, spm_dir, bin_dir, ckpt)} to redo them"
     )
     if stage("1/7 data", raw / f"{last_set}.{recipe.langs[1]}"):
         timed("data", prepare_raw, recipe, args, raw, eval_sets)
@@ -364,7 +364,7 @@ def run_stages(recipe: Recipe, args: argparse.Namespace, src: str, tgt: str) -> 
         "sentencepiece",
         made_with["sentencepiece"],
         spm_dir,
-        f"delete {_folders(out, spm_dir, bin_dir, ckpt)} to redo them",
+        f"delete {folders(out, spm_dir, bin_dir, ckpt)} to redo them",
     )
     if stage(
         f"2/7 sentencepiece (joint {recipe.spm_model_type}, {args.vocab_size} pieces)", spm_dir / f"{last_set}.done"
@@ -376,7 +376,7 @@ def run_stages(recipe: Recipe, args: argparse.Namespace, src: str, tgt: str) -> 
     pair = f"{src}-{tgt}"
     last_subset = "test" if len(eval_sets) == 1 else f"test{len(eval_sets) - 1}"
     settings.refuse_changed(
-        "preprocess", made_with["preprocess"], bin_dir, f"delete {_folders(out, bin_dir, ckpt)} to redo them"
+        "preprocess", made_with["preprocess"], bin_dir, f"delete {folders(out, bin_dir, ckpt)} to redo them"
     )
     if stage(f"3/7 fairseq-preprocess {pair}", bin_dir / f"{last_subset}.{pair}.{tgt}.idx"):
         shutil.rmtree(bin_dir, ignore_errors=True)
@@ -393,7 +393,7 @@ def run_stages(recipe: Recipe, args: argparse.Namespace, src: str, tgt: str) -> 
     # an interrupted training resumes from checkpoint_last.pt (fairseq's default --restore-file), and so does a
     # training told to go on (train.done deleted), with this command's settings
     if (ckpt / "train.done").exists():
-        remedy = f"delete {_folders(out, ckpt)} to train anew"
+        remedy = f"delete {folders(out, ckpt)} to train anew"
         if settings.difference("train", {"arch": arch}) is None:  # (the same model: it can train on)
             remedy += f", or only {ckpt.name}/train.done there to train on from its last checkpoint with this command"
         settings.refuse_changed("train", made_with["train"], ckpt, remedy)
@@ -500,13 +500,6 @@ def _outputs(out: Path) -> List[Path]:
 def _remove(*paths: Path) -> None:
     for path in paths:
         path.unlink(missing_ok=True)
-
-
-def _folders(out: Path, *folders: Path) -> str:
-    """``raw/, spm/ and data-bin/ in OUT``: the folders to delete, named for a message."""
-    names = [f"{folder.name}/" for folder in folders]
-    listed = names[0] if len(names) == 1 else f"{', '.join(names[:-1])} and {names[-1]}"
-    return f"{listed} in {out}"
 
 
 def write_curve(out: Path, title: str) -> None:

@@ -28,6 +28,7 @@ FLAGS = {
     "separate_embeddings": "--separate-embeddings",
     "average_last": "--average-last",
     "generate_args": "--generate-args",
+    "max_epoch": "--max-epoch",
 }
 
 
@@ -95,3 +96,10 @@ def _shown(value) -> str:
     if isinstance(value, str):
         return json.dumps(value)  # (quoted: an empty --train-args shows as "")
     return str(value)
+
+
+def folders(out: Path, *paths: Path) -> str:
+    """``raw/, spm/ and data-bin/ in OUT``: the folders to delete, named for a message."""
+    names = [f"{path.name}/" for path in paths]
+    listed = names[0] if len(names) == 1 else f"{', '.join(names[:-1])} and {names[-1]}"
+    return f"{listed} in {out}"

@@ -30,6 +30,7 @@ USER_DIR = Path(__file__).resolve().parent.parent.parent / "fairseq_convs2s"
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from recipes.pipeline import CommandFailed, errors_in_one_line, failure, out_dir  # noqa: E402
+from recipes.settings import SettingsChanged  # noqa: E402
 
 # the model's own flags (fairseq_convs2s/models/config.py) and the task's position limits
 MODEL_FIELDS = (
@@ -37,6 +38,31 @@ MODEL_FIELDS = (
     "decoder_attention", "share_input_output_embed", "share_all_embeddings", "attention_scaling", "dropout",
     "max_source_positions", "max_target_positions",
 )  # fmt: skip
+
+
+def command_difference(before: str, now: str) -> str:
+    """How two recorded fairseq-train commands differ, flag by flag (``--risk-alpha 0.3, this command 0.5``); ""
+    when they do not. A flag's value is the words up to the next flag; the words before the first flag count as
+    one more (the data folder)."""
+
+    def flags(command: str) -> Dict[str, str]:
+        values: Dict[str, List[str]] = {"data": []}
+        flag = "data"
+        for word in command.split():
+            if word.startswith("--"):
+                flag = word
+                values.setdefault(flag, [])
+            else:
+                values[flag].append(word)
+        return {flag: " ".join(words) for flag, words in values.items()}
+
+    old, new = flags(before), flags(now)
+    differences = []
+    for flag in [*old, *(f for f in new if f not in old)]:
+        if old.get(flag) != new.get(flag):
+            shown = [("not given" if f.get(flag) is None else f.get(flag) or "set") for f in (old, new)]
+            differences.append(f"{flag} {shown[0]}, this command {shown[1]}")
+    return "; ".join(differences)
 
 
 def checkpoint_model_flags(checkpoint: Path) -> List[str]:
@@ -196,18 +222,32 @@ def fine_tune(args, pair, model_flags: List[str]) -> None:
     if args.no_time_matched:
         del runs["token-time"]
 
-    # a second call with the same --out reuses the finished runs (their checkpoint and timing) and re-scores all
+    # a second call with the same --out reuses the finished runs (their checkpoint and timing) and re-scores all;
+    # a run that another command trained is refused, before anything runs, not reported as this command's
     saved = args.out / "runs.json"
     done: Dict[str, dict] = json.loads(saved.read_text()) if saved.exists() else {}
-    results = {"start": {"bleu": bleu(args, args.checkpoint, post_process, device, args.out / "gen_start.log")}}
-    print(f"   before fine-tuning: {results['start']['bleu']}", flush=True)
-    for name, flags in runs.items():
-        save_dir = args.out / name
-        if name == "token-time":
+
+    def command(name: str) -> List[str]:
+        flags = runs[name]
+        if name == "token-time":  # (as long as the risk run took: known once that has trained)
             total = previous_training_time(args.out / "risk" / "checkpoint_last.pt")
             flags = flags + ["--stop-time-hours", f"{total / 3600:.6f}"]
-        cmd = [*common, *flags, "--save-dir", str(save_dir)]
-        if name not in done or not (save_dir / "checkpoint_last.pt").exists():
+        return [*common, *flags, "--save-dir", str(args.out / name)]
+
+    finished = [name for name in runs if name in done and (args.out / name / "checkpoint_last.pt").exists()]
+    for name in finished:
+        difference = command_difference(done[name]["command"], " ".join(command(name)[2:]))
+        if difference:
+            raise SettingsChanged(
+                f"{args.out / name} was trained by another command ({difference}): give this command its own "
+                f"--out, or delete {args.out / name} to train it again"
+            )
+    results = {"start": {"bleu": bleu(args, args.checkpoint, post_process, device, args.out / "gen_start.log")}}
+    print(f"   before fine-tuning: {results['start']['bleu']}", flush=True)
+    for name in runs:
+        save_dir = args.out / name
+        if name not in finished:
+            cmd = command(name)
             started = time.time()
             log = run(cmd, args.out / f"train_{name}.log")
             updates = re.findall(r"num_updates[ =:\"]+(\d+)", log)
