@@ -266,6 +266,13 @@ def test_a_second_command_into_the_same_out_never_reports_the_firsts_results(run
     again = subprocess.run(cmd + other, capture_output=True, text=True, timeout=120, cwd=out)
     assert again.returncode == 0 and again.stdout.count("already done") == 7, again.stdout
 
+    # a training told to go on (train.done deleted) resumes from checkpoint_last.pt: the same model only
+    (out / "checkpoints" / "train.done").unlink()
+    fconv = ["--train-args", shlex.join([*trained_with, "--arch", "fconv_iwslt_de_en"])]
+    proc = subprocess.run(cmd + fconv, capture_output=True, text=True, timeout=120, cwd=out)
+    assert proc.returncode == 1 and proc.stderr.endswith(f"delete checkpoints/ in {out} to train anew\n"), proc.stderr
+    assert "\n$ " not in proc.stdout
+
 
 def test_settings_are_compared_only_where_their_output_is_kept(tmp_path):
     """A stage's output that was deleted is made anew (its record no obstacle); an unreadable record is named."""

@@ -397,6 +397,8 @@ def run_stages(recipe: Recipe, args: argparse.Namespace, src: str, tgt: str) -> 
         if settings.difference("train", {"arch": arch}) is None:  # (the same model: it can train on)
             remedy += f", or only {ckpt.name}/train.done there to train on from its last checkpoint with this command"
         settings.refuse_changed("train", made_with["train"], ckpt, remedy)
+    elif (ckpt / "checkpoint_last.pt").exists():  # (a training that resumes goes on with the same model only)
+        settings.refuse_changed("train", {"arch": arch}, ckpt, f"delete {folders(out, ckpt)} to train anew")
     if stage(f"4/7 fairseq-train --arch {arch}", ckpt / "train.done"):
         import torch
 
@@ -420,6 +422,7 @@ def run_stages(recipe: Recipe, args: argparse.Namespace, src: str, tgt: str) -> 
             "--skip-invalid-size-inputs-valid-test", "--log-format", "simple", "--log-interval", "100",
             "--seed", "1", *device_flags(), *train_args,
         ]  # fmt: skip
+        settings.record("train", made_with["train"])  # (at the start too: an interrupted training resumes as it)
         timed("train", run, cmd, log=out / "train.log", append=True)
         (ckpt / "train.done").touch()
         settings.record("train", made_with["train"])
