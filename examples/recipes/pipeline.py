@@ -326,23 +326,9 @@ def run_stages(recipe: Recipe, args: argparse.Namespace, src: str, tgt: str) -> 
     raw, spm_dir, bin_dir, ckpt = out / "raw", out / "spm", out / "data-bin", out / "checkpoints"
     eval_sets = [EvalSet("test")] + (recipe.extra_eval_sets(args) if recipe.extra_eval_sets else [])
     timings: Dict[str, float] = {}
-    # what each stage's output depends on: its own settings and those of the stages before it
-    settings = RunSettings(out)
     train_args = shlex.split(args.train_args)
     arch = training.given_value(train_args, "--arch") or recipe.arch  # --train-args win
-    raw_from = str(args.raw_dir.resolve()) if args.raw_dir else "download"
-    made_with = {"data": {"raw_dir": raw_from, "max_train_lines": args.max_train_lines}}
-    made_with["sentencepiece"] = {**made_with["data"], "vocab_size": args.vocab_size}
-    made_with["preprocess"] = {**made_with["sentencepiece"], "pair": f"{src}-{tgt}"}
-    made_with["train"] = {
-        **made_with["preprocess"],
-        "arch": arch,
-        **{key: getattr(args, key, None) for key in ("train_args", "time_budget", "update_budget", "precision")},
-        "separate_embeddings": getattr(args, "separate_embeddings", False),
-    }
-    made_with["average"] = {**made_with["train"], "average_last": args.average_last}
-    tested = made_with["average"] if args.checkpoint in ("avg", "auto") else made_with["train"]
-    made_with["generate"] = {**tested, "generate_args": args.generate_args}
+    settings, made_with = RunSettings(out), stage_settings(args, src, tgt, arch)
 
     def timed(name, fn, *fn_args, **fn_kwargs):
         started = time.time()
@@ -493,6 +479,25 @@ def run_stages(recipe: Recipe, args: argparse.Namespace, src: str, tgt: str) -> 
         f"--source-lang {src} --target-lang {tgt} --bpe sentencepiece --sentencepiece-model {spm_model}"
         "   (add --cpu on a machine without a GPU)"
     )
+
+
+def stage_settings(args: argparse.Namespace, src: str, tgt: str, arch: str) -> Dict[str, Dict]:
+    """What each stage's output depends on (recorded in OUT/settings.json): its own settings and those of the
+    stages before it."""
+    raw_from = str(args.raw_dir.resolve()) if args.raw_dir else "download"
+    made_with = {"data": {"raw_dir": raw_from, "max_train_lines": args.max_train_lines}}
+    made_with["sentencepiece"] = {**made_with["data"], "vocab_size": args.vocab_size}
+    made_with["preprocess"] = {**made_with["sentencepiece"], "pair": f"{src}-{tgt}"}
+    made_with["train"] = {
+        **made_with["preprocess"],
+        "arch": arch,
+        **{key: getattr(args, key, None) for key in ("train_args", "time_budget", "update_budget", "precision")},
+        "separate_embeddings": getattr(args, "separate_embeddings", False),
+    }
+    made_with["average"] = {**made_with["train"], "average_last": args.average_last}
+    tested = made_with["average"] if args.checkpoint in ("avg", "auto") else made_with["train"]
+    made_with["generate"] = {**tested, "generate_args": args.generate_args}
+    return made_with
 
 
 def _outputs(out: Path) -> List[Path]:
