@@ -335,23 +335,20 @@ def run_stages(recipe: Recipe, args: argparse.Namespace, src: str, tgt: str) -> 
         fn(*fn_args, **fn_kwargs)
         timings[name] = time.time() - started
 
+    # the data, pieces and binarized data of another command are refused before anything runs
+    kept = [("data", raw), ("sentencepiece", spm_dir), ("preprocess", bin_dir)]
+    for k, (name, folder) in enumerate(kept):
+        redo = f"delete {folders(out, *(later for _, later in kept[k:]), ckpt)} to redo them"
+        settings.refuse_changed(name, made_with[name], folder, redo)
+
     # 1 -----------------------------------------------------------------------------------------------------
     last_set = eval_sets[-1].name
-    settings.refuse_changed(
-        "data", made_with["data"], raw, f"delete {folders(out, raw, spm_dir, bin_dir, ckpt)} to redo them"
-    )
     if stage("1/7 data", raw / f"{last_set}.{recipe.langs[1]}"):
         timed("data", prepare_raw, recipe, args, raw, eval_sets)
         settings.record("data", made_with["data"])
 
     # 2 -----------------------------------------------------------------------------------------------------
     spm_model = spm_dir / "spm.model"
-    settings.refuse_changed(
-        "sentencepiece",
-        made_with["sentencepiece"],
-        spm_dir,
-        f"delete {folders(out, spm_dir, bin_dir, ckpt)} to redo them",
-    )
     if stage(
         f"2/7 sentencepiece (joint {recipe.spm_model_type}, {args.vocab_size} pieces)", spm_dir / f"{last_set}.done"
     ):
@@ -361,9 +358,6 @@ def run_stages(recipe: Recipe, args: argparse.Namespace, src: str, tgt: str) -> 
     # 3 -----------------------------------------------------------------------------------------------------
     pair = f"{src}-{tgt}"
     last_subset = "test" if len(eval_sets) == 1 else f"test{len(eval_sets) - 1}"
-    settings.refuse_changed(
-        "preprocess", made_with["preprocess"], bin_dir, f"delete {folders(out, bin_dir, ckpt)} to redo them"
-    )
     if stage(f"3/7 fairseq-preprocess {pair}", bin_dir / f"{last_subset}.{pair}.{tgt}.idx"):
         shutil.rmtree(bin_dir, ignore_errors=True)
         test_prefixes = ",".join(str(spm_dir / e.name) for e in eval_sets)
