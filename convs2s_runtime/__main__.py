@@ -5,9 +5,11 @@ answered at once. An empty line gives an empty line; a line longer than the mode
 with a warning on stderr; bytes that are not UTF-8 are read as U+FFFD, with a warning; no line is ever dropped.
 Sentencepiece is applied when the folder has a model; the output is the best hypothesis's text, or with ``--nbest N``
 the N best of each line, best first, as ``LINE<TAB>SCORE<TAB>TEXT`` (LINE counts the input lines from 0, as
-fairseq's ids; SCORE is fairseq's; an empty line's N lines have no score and no text). An interrupt (exit
-130) says how many lines were answered before it, a reader that goes away (``| head``) ends the run quietly (exit
-141, as SIGPIPE would), and settings no line can meet end it in one line (exit 1).
+fairseq's ids; SCORE is the API's, fairseq's score in natural log, where fairseq-generate prints base 2; an empty
+line's N lines have no score and no text). A line too short for ``--min-len`` under ``--max-len-a`` and
+``--max-len-b`` is answered as an empty line, with a warning. An interrupt (exit 130) says how many lines were
+answered before it, a reader that goes away (``| head``) ends the run quietly (exit 141, as SIGPIPE would), and
+settings no line can meet end it in one line (exit 1).
 """
 
 import argparse
@@ -41,7 +43,8 @@ def main(argv=None) -> int:
         "--nbest",
         type=int,
         default=None,
-        help="write the N best hypotheses of each line, best first, as LINE<TAB>SCORE<TAB>TEXT (LINE from 0)",
+        help="write the N best hypotheses of each line, best first, as LINE<TAB>SCORE<TAB>TEXT (LINE from 0; "
+        "SCORE in natural log, where fairseq prints base 2)",
     )
     args = p.parse_args(argv)
     for flag in ("beam", "batch_size", "threads", "nbest"):
@@ -49,10 +52,20 @@ def main(argv=None) -> int:
             p.error(f"--{flag.replace('_', '-')} must be at least 1, got {getattr(args, flag)}")
     if args.nbest is not None and args.nbest > args.beam:
         p.error(f"--nbest {args.nbest} asks for more hypotheses than --beam {args.beam} keeps")
+    closed = [name for name in ("stdin", "stdout") if getattr(sys, name) is None]
+    if closed:
+        p.error(f"{' and '.join(closed)} closed: the command reads lines from stdin and writes to stdout")
     written = 0  # lines answered on stdout
     try:
         compute_type = "bfloat16" if args.bf16 else "float32"
         translator = Translator(args.model_dir, args.device, compute_type, threads=args.threads)
+        longest = translator.max_hypothesis_length_of_any(args.max_len_a, args.max_len_b)
+        if longest < args.min_len:
+            raise ValueError(
+                f"--max-len-a {args.max_len_a} --max-len-b {args.max_len_b} allow no line a hypothesis of "
+                f"--min-len {args.min_len} tokens (at most {longest}, the model's target positions less one "
+                f"{translator.model.max_target_positions - 1})"
+            )
         for answers in _answers(translator, sys.stdin.fileno(), args):
             sys.stdout.write("".join(line + "\n" for lines in answers for line in lines))
             sys.stdout.flush()
@@ -74,11 +87,11 @@ def main(argv=None) -> int:
 
 def _answers(translator: Translator, fd: int, args) -> Iterator[List[List[str]]]:
     """The answers to the lines read from ``fd``, a batch of lines at a time, in order, each a list of output lines:
-    the best hypothesis's text (an empty line's is empty), or with ``--nbest`` its ``LINE<TAB>SCORE<TAB>TEXT``
-    lines."""
+    the best hypothesis's text (an empty line's is empty, as is that of a line too short for ``--min-len``), or
+    with ``--nbest`` its ``LINE<TAB>SCORE<TAB>TEXT`` lines."""
     first = 0  # the number of the batch's first line
     for batch in _batches(fd, args.batch_size):
-        todo = [i for i, line in enumerate(batch) if line.strip()]
+        todo = [i for i, line in enumerate(batch) if line.strip() and _fits(translator, first + i + 1, line, args)]
         results = translator.translate_batch(
             [batch[i] for i in todo],
             args.beam,
@@ -87,6 +100,7 @@ def _answers(translator: Translator, fd: int, args) -> Iterator[List[List[str]]]
             args.lenpen,
             nbest=args.nbest or 1,
             min_len=args.min_len,
+            source_names=[f"line {first + i + 1}" for i in todo],
         )
         hypotheses = [[] for _ in batch]
         for i, result in zip(todo, results):
@@ -99,6 +113,18 @@ def _answers(translator: Translator, fd: int, args) -> Iterator[List[List[str]]]
                 for i, found in enumerate(hypotheses)
             ]
         first += len(batch)
+
+
+def _fits(translator: Translator, number: int, line: str, args) -> bool:
+    """Whether line ``number`` may have a hypothesis of ``--min-len`` tokens; if not, a warning says so."""
+    longest = translator.max_hypothesis_length(line, args.max_len_a, args.max_len_b)
+    if longest >= args.min_len:
+        return True
+    logger.warning(
+        f"line {number}: its hypotheses may have at most {longest} tokens (--max-len-a {args.max_len_a} times its "
+        f"tokens + --max-len-b {args.max_len_b}), fewer than --min-len {args.min_len}: answered with an empty line"
+    )
+    return False
 
 
 def _batches(fd: int, batch_size: int) -> Iterator[List[str]]:

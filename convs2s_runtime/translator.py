@@ -6,13 +6,15 @@
 
 A source is a string: sentencepiece applied when the folder has a model, else whitespace-separated dictionary
 tokens (fairseq-interactive's input). The hypotheses are fairseq-generate's for the same checkpoint (beam search as
-fairseq's, ``search.py``); ``score`` is fairseq's: natural log, normalized by length ** length_penalty.
+fairseq's, ``search.py``, the beam at most the target vocabulary less one as fairseq's); ``score`` is fairseq's:
+natural log, normalized by length ** length_penalty (fairseq-generate prints it in base 2).
 """
 
 import logging
 import math
 import numbers
 import operator
+import os
 from pathlib import Path
 from typing import List, NamedTuple, Optional, Sequence
 
@@ -32,7 +34,7 @@ class TranslationHypothesis(NamedTuple):
     final EOS, one column per source token and its EOS."""
 
     tokens: List[str]
-    text: str
+    text: str  # (without <s>, as fairseq's Dictionary.string)
     score: float
     attention: Optional[List[List[float]]] = None
 
@@ -54,9 +56,14 @@ class Translator:
         if compute_type not in COMPUTE_TYPES:
             raise ValueError(f"compute_type must be one of {sorted(COMPUTE_TYPES)}, got {compute_type!r}")
         if threads is not None:
-            torch.set_num_threads(_whole("threads", threads, least=1))
+            torch.set_num_threads(_threads(threads))
         self.device = _device(device)
         model_dir = Path(model_dir)
+        if model_dir.is_file():
+            raise ModelDirError(
+                f"{model_dir} is a file, not a model folder: export a checkpoint first, "
+                f"python -m fairseq_convs2s.export {model_dir} MODEL_DIR"
+            )
         if not model_dir.is_dir():
             raise ModelDirError(f"{model_dir}: no such folder")
         dtype = COMPUTE_TYPES[compute_type]
@@ -79,22 +86,37 @@ class Translator:
                 )
         config = self.model.config
         self.unk, self.eos, self.pad = config["unk"], config["eos"], config["pad"]
+        # (folders exported before the config named it: fairseq's dictionaries put <s> first)
+        self.bos = config.get("bos", self.target_vocabulary.index("<s>") if "<s>" in self.target_vocabulary else None)
         self._sentencepiece = None
         if (model_dir / SENTENCEPIECE).is_file():
             import sentencepiece
 
             self._sentencepiece = sentencepiece.SentencePieceProcessor(model_file=str(model_dir / SENTENCEPIECE))
 
-    def source_ids(self, source: str) -> List[int]:
+    def source_ids(self, source: str, name: str = "a source") -> List[int]:
         """The dictionary ids of a source (its pieces, or whitespace-separated tokens) and EOS, cut to the model's
-        source positions with a warning."""
-        pieces = self._sentencepiece.encode(source, out_type=str) if self._sentencepiece else source.split()
-        ids = [self._source_index.get(piece, self.unk) for piece in pieces] + [self.eos]
+        source positions with a warning that calls it ``name``."""
+        ids = self._encode(source)
         limit = self.model.max_source_positions
         if len(ids) > limit:
-            logger.warning(f"a source of {len(ids)} tokens (EOS included) cut to the model's {limit} positions")
+            logger.warning(f"{name}: {len(ids)} tokens (EOS included) cut to the model's {limit} positions")
             ids = ids[: limit - 1] + [self.eos]
         return ids
+
+    def _encode(self, source: str) -> List[int]:
+        pieces = self._sentencepiece.encode(source, out_type=str) if self._sentencepiece else source.split()
+        return [self._source_index.get(piece, self.unk) for piece in pieces] + [self.eos]
+
+    def max_hypothesis_length(self, source: str, max_len_a: float = 0.0, max_len_b: int = 200) -> int:
+        """The most tokens (EOS excluded) a hypothesis of ``source`` may have: ``max_len_a * its tokens + max_len_b``
+        (EOS included, after the cut to the source positions) within the model's target positions."""
+        return self._max_len(min(len(self._encode(source)), self.model.max_source_positions), max_len_a, max_len_b)
+
+    def max_hypothesis_length_of_any(self, max_len_a: float = 0.0, max_len_b: int = 200) -> int:
+        """The most tokens a hypothesis of any non-empty source may have (the longest source's, or the shortest's
+        where ``max_len_a`` is negative)."""
+        return max(self._max_len(n, max_len_a, max_len_b) for n in (2, self.model.max_source_positions))
 
     def translate_batch(
         self,
@@ -107,13 +129,16 @@ class Translator:
         return_attention: bool = False,
         max_batch_size: int = 0,
         min_len: int = 1,
+        source_names: Optional[Sequence[str]] = None,
     ) -> List[TranslationResult]:
         """One result per source, in order. The sources are decoded in batches of similar length (all at once with
         ``max_batch_size`` 0); each hypothesis is at most ``max_len_a * source length + max_len_b`` tokens (and
         the model's target positions) long, and at least ``min_len`` before its EOS (fairseq's ``--min-len``).
         Settings under which a source could have no hypothesis (its maximum below ``min_len``) raise ValueError
         before anything is decoded, as do settings out of range; a source that is not a ``str`` (or ``sources``
-        given as one string, which would be read as one source a character) raises TypeError."""
+        given as one string, which would be read as one source a character) raises TypeError. Warnings and errors
+        call the sources ``source_names`` (default ``sources[i]``). A beam wider than the target vocabulary less
+        one is narrowed to it, as fairseq's."""
         for name, value, least in (
             ("beam_size", beam_size, 1),
             ("nbest", nbest, 1),
@@ -124,15 +149,23 @@ class Translator:
             _whole(name, value, least)
         if nbest > beam_size:
             raise ValueError(f"need 1 <= nbest ({nbest}) <= beam_size ({beam_size})")
+        widest = self.model.vocab_size - 1  # (fairseq's SequenceGenerator: the beam within the vocabulary)
+        if nbest > widest:
+            raise ValueError(f"nbest {nbest}: the target vocabulary of {widest + 1} symbols allows {widest} hypotheses")
+        beam_size = min(beam_size, widest)
         for name, value in (("max_len_a", max_len_a), ("length_penalty", length_penalty)):
             if not (isinstance(value, numbers.Real) and math.isfinite(value)):
                 raise ValueError(f"{name} must be a finite number, got {value!r}")
-        _check_sources(sources)
-        ids = [self.source_ids(source) for source in sources]
-        for n in sorted({len(source) for source in ids}):  # (n: a source's tokens, EOS included)
+        sources = _check_sources(sources)
+        names = [f"sources[{i}]" for i in range(len(sources))] if source_names is None else list(source_names)
+        if len(names) != len(sources):
+            raise ValueError(f"{len(names)} source_names for {len(sources)} sources")
+        ids = [self.source_ids(source, name) for source, name in zip(sources, names)]
+        for name, source in zip(names, ids):
+            n = len(source)  # (a source's tokens, EOS included)
             if self._max_len(n, max_len_a, max_len_b) < min_len:
                 raise ValueError(
-                    f"a source of {n} tokens (EOS included) allows hypotheses of at most "
+                    f"{name}: {n} tokens (EOS included) allow hypotheses of at most "
                     f"{self._max_len(n, max_len_a, max_len_b)} tokens (max_len_a * {n} + max_len_b = "
                     f"{max_len_a} * {n} + {max_len_b}, within the model's {self.model.max_target_positions - 1} "
                     f"positions), fewer than min_len {min_len}"
@@ -164,14 +197,16 @@ class Translator:
 
     def _max_len(self, source_length: int, max_len_a: float, max_len_b: int) -> int:
         """The longest hypothesis of a source (EOS excluded): fairseq's rule, within the target positions."""
-        return min(int(max_len_a * source_length + max_len_b), self.model.max_target_positions - 1)
+        longest = max_len_a * source_length + max_len_b  # (a float: a huge max_len_a overflows no int)
+        return int(max(min(longest, self.model.max_target_positions - 1), -1))
 
     def _hypothesis(self, hypothesis, source_length: int) -> TranslationHypothesis:
         tokens = [self.target_vocabulary[t] for t in hypothesis.tokens[:-1]]  # (the final EOS left out)
+        shown = [self.target_vocabulary[t] for t in hypothesis.tokens[:-1] if t != self.bos]  # (Dictionary.string)
         if self._sentencepiece:
-            text = "".join(tokens).replace("\u2581", " ").strip()  # fairseq's --bpe sentencepiece decoding
+            text = "".join(shown).replace("\u2581", " ").strip()  # fairseq's --bpe sentencepiece decoding
         else:
-            text = " ".join(tokens)
+            text = " ".join(shown)
         attention = None
         if hypothesis.attention is not None:
             attention = hypothesis.attention[:, -source_length:].tolist()  # the source's own positions (left-padded)
@@ -189,13 +224,25 @@ def _whole(name: str, value, least: int) -> int:
     return whole
 
 
-def _check_sources(sources) -> None:
-    """TypeError unless ``sources`` is a sequence of strings (one string, or bytes, is not)."""
+def _check_sources(sources) -> List[str]:
+    """``sources`` as a list (a generator read once); TypeError unless it holds strings (one string, or bytes, is
+    not a list of them)."""
     if isinstance(sources, (str, bytes)):
         raise TypeError(f"sources must be a list of strings, got one {type(sources).__name__}: pass [source]")
+    sources = list(sources)
     for i, source in enumerate(sources):
         if not isinstance(source, str):
             raise TypeError(f"sources[{i}] must be a str, got {type(source).__name__} {source!r:.80}")
+    return sources
+
+
+def _threads(threads) -> int:
+    """``threads`` if it is a whole number from 1 to the CPUs this machine has (more would only contend, and
+    thousands make OpenMP fail or crash); else TypeError or ValueError naming it."""
+    threads, cpus = _whole("threads", threads, least=1), os.cpu_count() or 1
+    if threads > cpus:
+        raise ValueError(f"threads must be at most {cpus}, the CPUs this machine has; got {threads}")
+    return threads
 
 
 def _device(name) -> torch.device:
@@ -204,6 +251,10 @@ def _device(name) -> torch.device:
         device = torch.device(name)
     except (RuntimeError, TypeError) as error:
         raise ValueError(f"device {name!r}: {error}") from None
+    if device.type not in ("cpu", "cuda"):
+        raise ValueError(f"device {name!r}: the runtime decodes on cpu or cuda")
     if device.type == "cuda" and not torch.cuda.is_available():
         raise ValueError(f"device {name!r}: this torch sees no CUDA GPU (torch.cuda.is_available() is False)")
+    if device.type == "cuda" and device.index is not None and device.index >= torch.cuda.device_count():
+        raise ValueError(f"device {name!r}: this torch sees {torch.cuda.device_count()} CUDA GPUs, numbered from 0")
     return device

@@ -1,13 +1,17 @@
 """Export a checkpoint for the fairseq-free runtime (``convs2s_runtime``): a self-contained model folder.
 
     python -m fairseq_convs2s.export CHECKPOINT OUT_DIR [--data DATA_DIR] [--sentencepiece-model FILE]
+        [--source-lang SRC --target-lang TGT]
 
 OUT_DIR gets ``config.json`` (the model's sizes), ``model.pt`` (every weight with weight norm folded), the source and
 target vocabularies (one symbol a line, in index order), and ``sentencepiece.model`` when given. CHECKPOINT is a
 convs2s checkpoint or a fairseq fconv one (converted on the way, ``models/fconv_checkpoint.py``). DATA_DIR holds
-the ``dict.<lang>.txt`` files the model was trained with (default: the data folder the checkpoint names). The
-folder is written beside OUT_DIR and renamed into place when complete; an OUT_DIR that exists must be an earlier
-export, which is replaced.
+the ``dict.<lang>.txt`` files the model was trained with (default: the data folder the checkpoint names; the
+languages are the checkpoint's, else the data folder's, else ``--source-lang`` and ``--target-lang``). The
+sentencepiece model must be the one the data was encoded with (its pieces are the dictionary's symbols); a
+dictionary of sentencepiece pieces exported without it gets a warning (the runtime would then read and write
+pieces). The folder is written beside OUT_DIR and renamed into place when complete; an OUT_DIR that exists must be
+an earlier export, holding nothing else, which is replaced (through a link: the folder it points to).
 """
 
 import argparse
@@ -19,6 +23,7 @@ import tempfile
 from argparse import Namespace
 from pathlib import Path
 from types import SimpleNamespace
+from typing import List
 
 import torch
 from fairseq.data import Dictionary, data_utils
@@ -52,32 +57,39 @@ def _task_settings(checkpoint: dict):
     return (str(data).split(os.pathsep)[0] if data else None), source, target
 
 
-def _dictionaries(checkpoint: dict, data_dir):
+def _dictionaries(checkpoint: dict, data_dir, langs=(None, None)):
     saved, source, target = _task_settings(checkpoint)
     data = data_dir or saved
+    if data_dir and not os.path.isdir(data_dir):
+        raise ExportError(f"--data {data_dir}: no such folder")
     if not data or not os.path.isdir(data):
         where = f"the checkpoint's data folder {data} is not here" if data else "the checkpoint names no data folder"
         raise ExportError(f"{where}: pass --data, the fairseq-preprocess folder with the model's dict.<lang>.txt")
     if source is None or target is None:
         source, target = data_utils.infer_language_pair(data)
+    source, target = langs[0] or source, langs[1] or target
+    if source is None or target is None:
+        found = sorted(name for name in os.listdir(data) if name.startswith("dict.") and name.endswith(".txt"))
+        raise ExportError(
+            f"neither the checkpoint nor {data} says which languages the model translates "
+            f"({', '.join(found) or 'no dict.<lang>.txt'} there): pass --source-lang and --target-lang"
+        )
     paths = [os.path.join(data, f"dict.{lang}.txt") for lang in (source, target)]
     missing = [p for p in paths if not os.path.isfile(p)]
-    if source is None or missing:
-        raise ExportError(
-            f"no {' or '.join(missing) or 'dict.<lang>.txt'} in {data}: pass --data, the folder with both"
-        )
+    if missing:
+        raise ExportError(f"no {' or '.join(missing)} in {data}: pass --data, the folder with both")
     return (source, target), [Dictionary.load(p) for p in paths]
 
 
-def build_model(checkpoint: dict, data_dir=None):
+def build_model(checkpoint: dict, data_dir=None, langs=(None, None)):
     """The convs2s model of a loaded checkpoint (fconv converted), its weights loaded and folded for inference;
-    with its languages and dictionaries."""
+    with its languages (``langs`` where given) and dictionaries."""
     arch = checkpoint_arch(checkpoint)
     if arch in FCONV_ARCHS:
         checkpoint = convert_checkpoint(checkpoint, ConvS2SModel)
     elif arch is None or not str(arch).startswith("convs2s"):
         raise ExportError(f"a checkpoint of arch {arch!r}: export takes convs2s and fconv models")
-    langs, (src_dict, tgt_dict) = _dictionaries(checkpoint, data_dir)
+    langs, (src_dict, tgt_dict) = _dictionaries(checkpoint, data_dir, langs)
     args = model_args_of(checkpoint)[0]
     args = Namespace(**(args if isinstance(args, dict) else vars(args)))
     task = SimpleNamespace(source_dictionary=src_dict, target_dictionary=tgt_dict)
@@ -102,6 +114,7 @@ def export_files(model, args, langs, dictionaries) -> dict:
         "version": VERSION,
         "source_lang": langs[0],
         "target_lang": langs[1],
+        "bos": tgt_dict.bos(),
         "pad": tgt_dict.pad(),
         "eos": tgt_dict.eos(),
         "unk": tgt_dict.unk(),
@@ -127,18 +140,35 @@ def export_files(model, args, langs, dictionaries) -> dict:
     }
 
 
+EXPORTED = frozenset({CONFIG, WEIGHTS, SENTENCEPIECE, *VOCABULARIES.values()})
+
+
 def _check_out_dir(out_dir: Path) -> None:
+    """ExportError unless ``out_dir`` is new, empty, or an earlier export holding nothing else (it is replaced)."""
     if out_dir.exists() and not out_dir.is_dir():
         raise ExportError(f"{out_dir} is a file: name a folder to write")
-    if out_dir.is_dir() and any(out_dir.iterdir()) and not (out_dir / CONFIG).is_file():
-        raise ExportError(f"{out_dir} exists and is not an earlier export: name a new folder")
+    if out_dir.is_dir() and any(out_dir.iterdir()):
+        try:
+            earlier = json.loads((out_dir / CONFIG).read_text(encoding="utf-8")).get("format") == FORMAT
+        except (OSError, ValueError, AttributeError):
+            earlier = False
+        if not earlier:
+            raise ExportError(f"{out_dir} exists and is not an earlier export: name a new folder")
+        others = sorted(p.name for p in out_dir.iterdir() if p.name not in EXPORTED)
+        if others:
+            raise ExportError(
+                f"{out_dir} is an earlier export that also holds {', '.join(others[:5])}"
+                f"{' ...' if len(others) > 5 else ''}, which replacing it would delete: move them, or name a new folder"
+            )
     if not out_dir.resolve().parent.is_dir():
         raise ExportError(f"{out_dir}: no such folder {out_dir.resolve().parent}")
 
 
 def write_folder(files: dict, out_dir: Path, sentencepiece_model=None) -> None:
-    """Write ``files`` into a folder beside ``out_dir`` and rename it into place (an earlier export replaced)."""
-    parent = out_dir.resolve().parent
+    """Write ``files`` into a folder beside ``out_dir`` and rename it into place (an earlier export replaced; where
+    ``out_dir`` is a link, the folder it points to)."""
+    out_dir = out_dir.resolve()
+    parent = out_dir.parent
     tmp = Path(tempfile.mkdtemp(dir=parent, prefix=f".{out_dir.name}.export."))
     try:
         for name, content in files.items():
@@ -162,25 +192,63 @@ def write_folder(files: dict, out_dir: Path, sentencepiece_model=None) -> None:
         raise
 
 
-def _check_sentencepiece(path) -> None:
+def _words(dictionaries) -> set:
+    """The symbols of the dictionaries that stand for text: not the specials, not fairseq-preprocess's padding
+    symbols (``madeupword0000`` ...)."""
+    return {
+        symbol
+        for d in dictionaries
+        for symbol in d.symbols[d.nspecial :]
+        if not (symbol.startswith("madeupword") and symbol[10:].isdigit())
+    }
+
+
+def _pieces(path) -> set:
     import sentencepiece
 
     try:
-        sentencepiece.SentencePieceProcessor(model_file=str(path))
+        processor = sentencepiece.SentencePieceProcessor(model_file=str(path))
     except (OSError, RuntimeError) as e:
         raise ExportError(f"--sentencepiece-model {path}: not a sentencepiece model ({e})") from None
+    return {processor.id_to_piece(i) for i in range(processor.get_piece_size())}
 
 
-def export(checkpoint_path, out_dir, data_dir=None, sentencepiece_model=None) -> None:
+def _check_sentencepiece(path, dictionaries) -> List[str]:
+    """ExportError when the model at ``path`` is not the one the data was encoded with (fewer than half the
+    dictionaries' words are its pieces); without one, a warning when the words look like sentencepiece pieces."""
+    words = _words(dictionaries)
+    if path is None:
+        pieces = sum(word.startswith("\u2581") for word in words)
+        if words and pieces >= 0.1 * len(words):
+            return [
+                f"{pieces} of the dictionary's {len(words)} words are sentencepiece pieces (they start with "
+                "\u2581), and no --sentencepiece-model was given: the runtime will read and write pieces, not "
+                "text. Export again with --sentencepiece-model SPM.model (the model the data was encoded with) to "
+                "translate text"
+            ]
+        return []
+    found = len(words & _pieces(path))
+    if found < 0.5 * len(words):
+        raise ExportError(
+            f"--sentencepiece-model {path}: only {found} of the dictionary's {len(words)} words are its pieces: "
+            "not the model the training data was encoded with"
+        )
+    return []
+
+
+def export(checkpoint_path, out_dir, data_dir=None, sentencepiece_model=None, langs=(None, None)) -> List[str]:
+    """Write the model folder; returns warnings for the user (ExportError, with nothing written, when it cannot)."""
     out_dir = Path(out_dir)
     _check_out_dir(out_dir)
     if sentencepiece_model is not None:
-        _check_sentencepiece(sentencepiece_model)
-    model, args, langs, dictionaries = build_model(read_checkpoint(checkpoint_path), data_dir)
+        _pieces(sentencepiece_model)  # (before the checkpoint is read: not a model at all is named at once)
+    model, args, langs, dictionaries = build_model(read_checkpoint(checkpoint_path), data_dir, langs)
+    warnings = _check_sentencepiece(sentencepiece_model, dictionaries)
     try:
         write_folder(export_files(model, args, langs, dictionaries), out_dir, sentencepiece_model)
     except OSError as e:
         raise ExportError(f"cannot write {out_dir}: {e.strerror or e}") from None
+    return warnings
 
 
 def main(argv=None) -> int:
@@ -188,13 +256,22 @@ def main(argv=None) -> int:
     p.add_argument("checkpoint", help="a convs2s or fconv checkpoint (.pt)")
     p.add_argument("out_dir", help="the model folder to write")
     p.add_argument("--data", default=None, help="the fairseq-preprocess folder with the model's dict.<lang>.txt")
-    p.add_argument("--sentencepiece-model", default=None, help="copied into the folder: the runtime applies it")
+    p.add_argument(
+        "--sentencepiece-model",
+        default=None,
+        help="the model the data was encoded with, copied into the folder: the runtime applies it",
+    )
+    p.add_argument("--source-lang", default=None, help="where neither the checkpoint nor the data folder says")
+    p.add_argument("--target-lang", default=None, help="where neither the checkpoint nor the data folder says")
     args = p.parse_args(argv)
     try:
-        export(args.checkpoint, args.out_dir, args.data, args.sentencepiece_model)
+        langs = (args.source_lang, args.target_lang)
+        warnings = export(args.checkpoint, args.out_dir, args.data, args.sentencepiece_model, langs)
     except (ExportError, ConversionError, ValueError) as e:
         print(f"export: error: {e}", file=sys.stderr)
         return 1
+    for warning in warnings:
+        print(f"export: warning: {warning}", file=sys.stderr)
     print(f"wrote {args.out_dir}; translate with: python -m convs2s_runtime {args.out_dir}")
     return 0
 

@@ -29,6 +29,7 @@ from cli_helpers import (
     train,
     wait_until_sleeping,
 )
+from fairseq.data import Dictionary
 from fairseq.models import ARCH_CONFIG_REGISTRY
 from fconv_helpers import fairseq_checkpoint, train_fconv
 from utils import beam_search, build_model, make_dictionary, random_batch, seed_all, shrink_spec
@@ -125,7 +126,7 @@ def test_min_len_holds_hypotheses_back_as_fairseqs(tmp_path):
     held = translator.translate_batch(_sources(d, src), max_len_b=12, nbest=5, min_len=4)
     assert min(len(h.tokens) for r in held for h in r.hypotheses) >= 4
     _assert_same_beams(held, beam_search([model], d, src, max_len_b=12, min_len=4), d)
-    with pytest.raises(ValueError, match=r"allows hypotheses of at most 3 tokens .* fewer than min_len 4"):
+    with pytest.raises(ValueError, match=r"allow hypotheses of at most 3 tokens .* fewer than min_len 4"):
         translator.translate_batch(_sources(d, src), max_len_b=3, min_len=4)
 
 
@@ -184,6 +185,26 @@ def test_the_command_line_answers_every_line_in_order(tmp_path):
     assert f"cut to the model's {max_positions} positions" in proc.stderr
 
 
+def test_a_line_too_short_for_min_len_is_answered_empty(tmp_path):
+    """Under ``--max-len-a`` a short line can be too short for ``--min-len``: it is answered with an empty line and
+    a warning naming it, and the lines around it are translated whatever the batch (the whole run ended at it, with
+    the earlier batches written and the later lines lost)."""
+    d = make_dictionary(25)
+    export(_convs2s_checkpoint(tmp_path, "convs2s_iwslt_de_en", d), tmp_path / "model")
+    lines, flags = ["w1 w2 w3 w4", "w5", "w6 w7 w8"], ["--max-len-a", "1", "--max-len-b", "0", "--min-len", "3"]
+    expected = Translator(tmp_path / "model").translate_batch([lines[0], lines[2]], max_len_a=1, max_len_b=0, min_len=3)
+    for batch_size in ("1", "2"):
+        cmd = [sys.executable, "-m", "convs2s_runtime", str(tmp_path / "model"), *flags, "--batch-size", batch_size]
+        proc = subprocess.run(cmd, input="\n".join(lines) + "\n", capture_output=True, text=True, cwd=ROOT)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        assert proc.stdout.split("\n")[:-1] == [expected[0].hypotheses[0].text, "", expected[1].hypotheses[0].text]
+        assert "line 2: its hypotheses may have at most 2 tokens" in proc.stderr and "answered with an empty line" in (
+            proc.stderr
+        )
+    with pytest.raises(ValueError, match=r"^sources\[1\]: 2 tokens \(EOS included\) allow hypotheses of at most 2"):
+        Translator(tmp_path / "model").translate_batch(lines, max_len_a=1, max_len_b=0, min_len=3)
+
+
 def test_the_command_line_writes_the_n_best_with_their_scores(tmp_path):
     """``--nbest N``: N lines for each input line, best first, ``LINE<TAB>SCORE<TAB>TEXT`` with the lines counted
     across batches and the API's hypotheses and scores; an empty line's N lines have no score and no text."""
@@ -235,13 +256,15 @@ def test_the_command_line_ends_in_one_line(tmp_path):
     cmd = [sys.executable, "-m", "convs2s_runtime", str(tmp_path / "model"), "--batch-size", "1"]
     for flags, status, message in [
         (["--threads", "0"], 2, "error: --threads must be at least 1, got 0\n"),
-        (["--max-len-b", "0"], 1, "convs2s_runtime: error: a source of 3 tokens (EOS included) allows hypotheses of"),
+        (["--max-len-b", "0"], 1, "error: --max-len-a 0.0 --max-len-b 0 allow no line a hypothesis of --min-len 1"),
         (["--device", "tpu9"], 1, "convs2s_runtime: error: device 'tpu9': "),
         (["--nbest", "6"], 2, "error: --nbest 6 asks for more hypotheses than --beam 5 keeps\n"),
     ]:
         proc = subprocess.run(cmd + flags, input="w1 w2\n", capture_output=True, text=True, cwd=ROOT)
         assert proc.returncode == status and message in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
         assert proc.stdout == ""
+    closed = subprocess.run(["bash", "-c", 'exec "$@" <&-', "-", *cmd], capture_output=True, text=True, cwd=ROOT)
+    assert closed.returncode == 2 and "error: stdin closed: the command reads lines from stdin" in closed.stderr
     for end in ("reader gone", "interrupt"):
         with subprocess.Popen(
             cmd, stdin=PIPE, stdout=PIPE, stderr=PIPE, text=True, cwd=ROOT, preexec_fn=interruptible
@@ -341,11 +364,59 @@ def test_the_api_names_what_it_cannot_translate(tmp_path):
     assert len(translator.translate_batch([source, ""])) == 2  # (an empty source is a source, as in fairseq)
     with pytest.raises(ValueError, match="threads must be at least 1, got 0"):
         Translator(tmp_path / "model", threads=0)
-    with pytest.raises(ValueError, match="device 'tpu9': "):
-        Translator(tmp_path / "model", device="tpu9")
+    with pytest.raises(ValueError, match=f"threads must be at most {os.cpu_count()}, the CPUs this machine has"):
+        Translator(tmp_path / "model", threads=os.cpu_count() + 1)  # (thousands crashed OpenMP)
+    for device, message in [("tpu9", "device 'tpu9': "), ("meta", "device 'meta': the runtime decodes on cpu or cuda")]:
+        with pytest.raises(ValueError, match=message):
+            Translator(tmp_path / "model", device=device)
+    with pytest.raises(ValueError, match="checkpoint.pt is a file, not a model folder: export a checkpoint first"):
+        Translator(tmp_path / "checkpoint.pt")
     if not torch.cuda.is_available():
         with pytest.raises(ValueError, match="device 'cuda': this torch sees no CUDA GPU"):
             Translator(tmp_path / "model", device="cuda")
+
+
+def test_the_api_reads_any_iterable_and_keeps_the_beam_in_the_vocabulary(tmp_path):
+    """Sources given as a generator are translated (they were read up by the type check: no result at all); a beam
+    wider than the target vocabulary less one is narrowed to it, as fairseq's (it was an IndexError in the
+    search); a huge ``max_len_a`` is the target positions (it overflowed)."""
+    d = make_dictionary(12)
+    model = _exported(tmp_path, "convs2s_iwslt_de_en", d)
+    src = random_batch(d, [6, 3, 5], seed=2)
+    sources = _sources(d, src)
+    translator = Translator(tmp_path / "model")
+    listed = translator.translate_batch(sources, max_len_b=12)
+    assert translator.translate_batch((s for s in sources), max_len_b=12) == listed
+    widest = len(d) - 1
+    wide = translator.translate_batch(sources, beam_size=widest + 5, max_len_b=12, nbest=widest)
+    assert wide == translator.translate_batch(sources, beam_size=widest, max_len_b=12, nbest=widest)
+    _assert_same_beams(wide, beam_search([model], d, src, beam_size=widest + 5, max_len_b=12), d)
+    with pytest.raises(ValueError, match=f"nbest {widest + 1}: the target vocabulary of {len(d)} symbols allows"):
+        translator.translate_batch(sources, beam_size=widest + 5, nbest=widest + 1)
+    (huge,) = translator.translate_batch(sources[:1], max_len_a=1e308, beam_size=1)
+    assert (
+        huge.hypotheses
+        and translator.max_hypothesis_length(sources[0], 1e308) == translator.model.max_target_positions - 1
+    )
+
+
+def test_the_text_leaves_out_bos_as_fairseqs(tmp_path):
+    """A hypothesis of ``<s>`` tokens keeps them in ``tokens`` and leaves them out of ``text``, as fairseq's
+    ``Dictionary.string`` does (the runtime wrote them), also for a folder exported before the config named ``bos``."""
+    d = make_dictionary(25)
+    export(_convs2s_checkpoint(tmp_path, "convs2s_iwslt_de_en", d), tmp_path / "model")
+    weights = torch.load(tmp_path / "model" / "model.pt")
+    weights["decoder.output_projection.bias"][d.bos()] = 1e4  # (every step's best token: <s>)
+    torch.save(weights, tmp_path / "model" / "model.pt")
+    config_file = tmp_path / "model" / "config.json"
+    config = json.loads(config_file.read_text())
+    assert config["bos"] == d.bos()
+    for named in (True, False):
+        if not named:  # (as a folder exported before)
+            del config["bos"]
+            config_file.write_text(json.dumps(config))
+        (result,) = Translator(tmp_path / "model").translate_batch(["w1 w2 w3"], max_len_b=3, beam_size=1)
+        assert result.hypotheses[0].tokens == ["<s>"] * 3 and result.hypotheses[0].text == ""
 
 
 def test_bad_input_is_one_line_and_writes_nothing(tmp_path, capsys):
@@ -363,12 +434,22 @@ def test_bad_input_is_one_line_and_writes_nothing(tmp_path, capsys):
     taken = tmp_path / "taken"
     taken.mkdir()
     (taken / "mine.txt").write_text("keep me")
+    project = tmp_path / "project"  # (another tool's config.json: it was taken for an earlier export and deleted)
+    (project / ".git").mkdir(parents=True)
+    (project / ".git" / "HEAD").write_text("ref")
+    (project / "config.json").write_text('{"lr": 0.1}')
+    notes = tmp_path / "notes"
+    assert export_main([str(checkpoint), str(notes)]) == 0
+    (notes / "NOTES.md").write_text("mine")
     cases = [
         ([str(text), str(tmp_path / "a")], "is not a torch checkpoint"),
         ([str(other), str(tmp_path / "b")], "arch 'transformer'"),
         ([str(checkpoint), str(tmp_path / "c"), "--data", str(wrong)], "dictionary mismatch"),
         ([str(checkpoint), str(taken)], "not an earlier export"),
+        ([str(checkpoint), str(project)], "not an earlier export"),
+        ([str(checkpoint), str(notes)], "an earlier export that also holds NOTES.md, which replacing it would delete"),
         ([str(checkpoint), str(tmp_path / "d"), "--data", str(tmp_path / "nowhere")], "--data"),
+        ([str(checkpoint), str(tmp_path / "e"), "--sentencepiece-model", str(text)], "not a sentencepiece model"),
     ]
     before = sorted(p.name for p in tmp_path.iterdir())
     for argv, message in cases:
@@ -376,6 +457,66 @@ def test_bad_input_is_one_line_and_writes_nothing(tmp_path, capsys):
         err = capsys.readouterr().err
         assert err.startswith("export: error: ") and message in err and err.count("\n") == 1, err
     assert sorted(p.name for p in tmp_path.iterdir()) == before  # nothing half-written
-    assert (taken / "mine.txt").read_text() == "keep me"
+    assert (taken / "mine.txt").read_text() == "keep me" and (project / ".git" / "HEAD").read_text() == "ref"
+    assert (notes / "NOTES.md").read_text() == "mine"
     assert export_main([str(checkpoint), str(tmp_path / "model")]) == 0
     assert export_main([str(checkpoint), str(tmp_path / "model")]) == 0  # an earlier export is replaced
+
+
+def test_export_through_a_link_writes_the_folder_it_points_to(tmp_path):
+    """An OUT_DIR that is a link to an earlier export: the folder it points to is replaced and the link kept (the
+    link was replaced by a folder, and the next export failed)."""
+    d = make_dictionary(25)
+    checkpoint = _convs2s_checkpoint(tmp_path, "convs2s_iwslt_de_en", d)
+    assert export_main([str(checkpoint), str(tmp_path / "real")]) == 0
+    (tmp_path / "link").symlink_to("real")
+    for _ in range(2):
+        (tmp_path / "real" / "config.json").write_text(json.dumps({"format": "convs2s-runtime", "stale": True}))
+        assert export_main([str(checkpoint), str(tmp_path / "link")]) == 0
+        assert (tmp_path / "link").is_symlink() and "stale" not in json.loads(
+            (tmp_path / "real" / "config.json").read_text()
+        )
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint.pt", "data", "link", "real"]
+
+
+def test_export_checks_the_sentencepiece_model_and_the_languages(tmp_path, capsys):
+    """A sentencepiece model that did not encode the data is refused (the runtime wrote garbage); a dictionary of
+    pieces exported without one gets a warning; a checkpoint and data folder that do not say the languages ask for
+    --source-lang and --target-lang (it looked for dict.None.txt)."""
+    import sentencepiece as spm
+
+    text = tmp_path / "text.txt"
+    text.write_text("".join(f"the cat {w} on the mat with a {w}s hat\n" for w in ("sat", "lay", "ran", "hid")) * 5)
+    spm.SentencePieceTrainer.train(input=str(text), model_prefix=str(tmp_path / "spm"), vocab_size=24, minloglevel=2)
+    pieces = Dictionary()
+    processor = spm.SentencePieceProcessor(model_file=str(tmp_path / "spm.model"))
+    for i in range(3, processor.get_piece_size()):  # (after <unk>, <s>, </s>)
+        pieces.add_symbol(processor.id_to_piece(i))
+    (tmp_path / "pieces").mkdir()
+    checkpoint = _convs2s_checkpoint(tmp_path / "pieces", "convs2s_iwslt_de_en", pieces)
+    assert export_main([str(checkpoint), str(tmp_path / "bare")]) == 0
+    assert "no --sentencepiece-model was given: the runtime will read and write pieces" in capsys.readouterr().err
+    assert (
+        export_main([str(checkpoint), str(tmp_path / "m"), "--sentencepiece-model", str(tmp_path / "spm.model")]) == 0
+    )
+    assert "warning" not in capsys.readouterr().err
+    (result,) = Translator(tmp_path / "m").translate_batch(["the cat sat"])
+    assert "\u2581" not in result.hypotheses[0].text
+
+    words = _convs2s_checkpoint(tmp_path, "convs2s_iwslt_de_en", make_dictionary(25))
+    assert export_main([str(words), str(tmp_path / "w"), "--sentencepiece-model", str(tmp_path / "spm.model")]) == 1
+    assert "only 0 of the dictionary's 25 words are its pieces" in capsys.readouterr().err
+    assert not (tmp_path / "w").exists()
+
+    state = torch.load(words, weights_only=False)
+    state["args"].source_lang = state["args"].target_lang = None
+    torch.save(state, tmp_path / "nolangs.pt")
+    assert export_main([str(tmp_path / "nolangs.pt"), str(tmp_path / "n")]) == 1
+    assert "says which languages the model translates (dict.src.txt, dict.tgt.txt there): pass --source-lang" in (
+        capsys.readouterr().err
+    )
+    assert (
+        export_main([str(tmp_path / "nolangs.pt"), str(tmp_path / "n"), "--source-lang", "src", "--target-lang", "tgt"])
+        == 0
+    )
+    assert json.loads((tmp_path / "n" / "config.json").read_text())["source_lang"] == "src"
