@@ -183,3 +183,26 @@ def test_interactive_answers_a_line_skipped_for_its_length(runs, buffer):
     if buffer == 1:
         ids = [int(m.group(1)) for m in re.finditer(r"^[SWHDP]-(\d+)\t", proc.stdout, re.MULTILINE)]
         assert ids == sorted(ids), ids
+
+
+def test_a_sentence_longer_than_max_tokens_is_skipped_or_named(runs):
+    """A test sentence longer than --max-tokens cannot be batched: with --skip-invalid-size-inputs-valid-test it is
+    skipped with fairseq's warning and the others translated (as fairseq-train does with its training batches),
+    without it one error names --max-tokens; interactive answers such a line with a W- line naming it. fairseq
+    alone stops in its batcher, flag or not (AssertionError: Sentences lengths should not exceed max_tokens)."""
+    max_tokens = 8  # (a sentence's tokens: its longer side, with EOS)
+    too_long = [i for i, words in enumerate(runs.test) if len(words) + 1 > max_tokens]
+    assert 0 < len(too_long) < COUNT
+    flags = ["--max-tokens", str(max_tokens)]
+    proc = _generate(runs, *flags, "--skip-invalid-size-inputs-valid-test")
+    assert sorted(hypothesis_lines(proc.stdout)["H"]) == [i for i in range(COUNT) if i not in too_long], tail(proc)
+    assert f"{len(too_long)} samples have invalid sizes and will be skipped, max_positions=(8, 8)" in proc.stderr
+    args = ["bin", "--user-dir", PLUGIN_DIR, "--path", runs.checkpoint, "--cpu", "--beam", "5", *flags]
+    for env, message in [(None, "capped by --max-tokens 8: a batch must hold the whole sentence, so raise"),
+                         (STOCK, "AssertionError: Sentences lengths should not exceed max_tokens=8")]:  # fmt: skip
+        proc = run_cli("generate", args, cwd=runs.folder, env=env)
+        assert proc.returncode != 0 and message in proc.stderr, tail(proc)
+    lines = ["s1 s2", " ".join(f"s{i}" for i in range(max_tokens)), "s3"]
+    proc = _interactive(runs, lines, *flags, "--skip-invalid-size-inputs-valid-test")
+    assert "W-1\tskipped: 9 source tokens (with EOS) do not fit --max-tokens 8" in proc.stdout, tail(proc)
+    assert sorted(hypothesis_lines(proc.stdout)["H"]) == [0, 1, 2], tail(proc)

@@ -81,7 +81,8 @@ FIXES: List[Fix] = [
         batching.keep_every_sentence_at_inference,
         "the last batch, when not a multiple of --required-batch-size-multiple (8 by default), is left out without "
         "a word (fairseq issue 5036): generate, validate and validation in training (--eval-bleu) lose up to 7 "
-        "sentences; with no sentence left, a bare IndexError",
+        "sentences; with no sentence left, a bare IndexError; a sentence longer than --max-tokens stops them in the "
+        "batcher (AssertionError), even with --skip-invalid-size-inputs-valid-test",
         "data_utils.batch_by_size, FairseqTask.get_batch_iterator, Trainer.get_train_iterator",
     ),
     Fix(

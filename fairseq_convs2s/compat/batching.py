@@ -11,6 +11,13 @@ same batches, so the same random stream); where fairseq leaves training sentence
 the flag that keeps every sentence. Where no sentence is left to batch at all, fairseq fails with a bare
 ``IndexError: list index out of range``; the wrapper says why instead.
 
+A sentence longer than ``--max-tokens`` cannot be batched: fairseq's training iterator caps the positions it
+filters by at ``--max-tokens`` and skips such sentences with a warning, but its inference iterators do not, and
+the batcher then stops with a bare ``AssertionError: Sentences lengths should not exceed max_tokens`` (generate,
+validate, interactive, and validation in training), even with ``--skip-invalid-size-inputs-valid-test``. Batches
+for inference are filtered the same way as training's: skipped, with fairseq's warning, under that flag, and
+otherwise fairseq's error for a sentence too long, saying that ``--max-tokens`` is what caps it.
+
 A split binarized from empty files (``fairseq-preprocess`` writes a ``.bin`` of no bytes) never gets that far:
 fairseq's memory-mapped loader stops on it with numpy's ``ValueError: cannot mmap an empty file``, naming no file,
 then a second traceback from the half-built dataset's ``__del__``. ``refuse_empty_splits`` names the file instead,
@@ -24,6 +31,7 @@ import logging
 import os
 
 import numpy as np
+from fairseq import utils
 from fairseq.data import data_utils, indexed_dataset
 from fairseq.tasks import FairseqTask
 
@@ -68,10 +76,26 @@ def keep_every_sentence_at_inference() -> None:
         replace(Trainer, "get_train_iterator", get_train_iterator_for_training)
     get_batch_iterator = FairseqTask.get_batch_iterator
     if not is_replaced(get_batch_iterator):
+        signature = inspect.signature(get_batch_iterator)
 
         def get_batch_iterator_for_inference_unless_training(self, *args, **kwargs):
-            with _batches_for(_BATCHES_FOR.get() or "inference"):
-                return get_batch_iterator(self, *args, **kwargs)
+            purpose = _BATCHES_FOR.get() or "inference"
+            call = signature.bind(self, *args, **kwargs)
+            model_positions, max_tokens = call.arguments.get("max_positions"), call.arguments.get("max_tokens")
+            capped = purpose == "inference" and max_tokens is not None and max_tokens > 0
+            if capped:  # (as Trainer.get_train_iterator does: a batch holds at most max_tokens of a sentence)
+                call.arguments["max_positions"] = utils.resolve_max_positions(model_positions, max_tokens)
+            with _batches_for(purpose):
+                try:
+                    return get_batch_iterator(*call.args, **call.kwargs)
+                except Exception as e:
+                    if not (capped and type(e) is Exception and str(e).startswith("Size of sample #")):
+                        raise
+                    raise ValueError(
+                        f"{e}; max_positions is the model's {model_positions} capped by --max-tokens {max_tokens}: "
+                        "a batch must hold the whole sentence, so raise --max-tokens (or batch with --batch-size "
+                        "alone)"
+                    ) from None
 
         replace(FairseqTask, "get_batch_iterator", get_batch_iterator_for_inference_unless_training)
 

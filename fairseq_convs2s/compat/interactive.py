@@ -18,6 +18,7 @@ from fairseq_convs2s_autoload import is_replaced, replace
 from .quiet_exits import loaded_tool_modules
 
 MODULE = "fairseq_cli.interactive"
+SKIP_FLAG = "--skip-invalid-size-inputs-valid-test"
 
 
 class _Lines(list):
@@ -29,14 +30,14 @@ class _Lines(list):
 def _answer_skipped(lines, ids, cfg, task, max_positions, encode_fn) -> None:
     dictionary = task.source_dictionary
     tokens, lengths = task.get_interactive_tokens_and_lengths([lines[i] for i in ids], encode_fn)
+    max_tokens = cfg.dataset.max_tokens
     for i, source, length in zip(ids, tokens, lengths):
         line_id = lines.start_id + i
         if dictionary is not None:
             print(f"S-{line_id}\t{dictionary.string(source, cfg.common_eval.post_process)}")
-        print(
-            f"W-{line_id}\tskipped: {length} source tokens (with EOS) do not fit the model's max_positions="
-            f"{max_positions} (--skip-invalid-size-inputs-valid-test)"
-        )
+        too_long = max_tokens and length > max_tokens
+        limit = f"--max-tokens {max_tokens}" if too_long else f"the model's max_positions={max_positions}"
+        print(f"W-{line_id}\tskipped: {length} source tokens (with EOS) do not fit {limit} ({SKIP_FLAG})")
         print(f"H-{line_id}\t-inf\t")
         print(f"D-{line_id}\t-inf\t")
         print(f"P-{line_id}\t")
