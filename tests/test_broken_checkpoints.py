@@ -108,12 +108,12 @@ def test_each_kind_of_broken_checkpoint_is_named_in_one_line(trained):
     assert state["optimizer_history"][-1]["num_updates"] == 4
 
 
-def _error_line(proc) -> str:
-    """The line of a failed command that holds the plugin's error, checked to be the last of its traceback."""
-    lines = [line for line in proc.stderr.splitlines() if line.startswith(ERROR)]
+def _error_line(proc, error: str = ERROR) -> str:
+    """The line of a failed command that holds the plugin's ``error``, checked to be the last of its traceback."""
+    lines = [line for line in proc.stderr.splitlines() if line.startswith(error)]
     assert len(lines) == 1, tail(proc)
     assert not torch_frames(proc.stderr), tail(proc)
-    return lines[0][len(ERROR) :]
+    return lines[0][len(error) :]
 
 
 @pytest.mark.parametrize(
@@ -167,6 +167,46 @@ def test_a_broken_checkpoint_last_on_resume_names_those_that_load(trained):
 
     args = train_args("bin", "resume", *TRAIN, "--max-update", "6", "--restore-file", str(most))
     resumed = check_ok(run_cli("train", args, cwd=folder))
+    assert "(epoch 1 @ 4 updates)" in resumed.stdout + resumed.stderr, tail(resumed)
+
+
+def test_training_on_from_another_model_names_the_flags(trained, tmp_path):
+    """fairseq-train --restore-file (or --finetune-from-model, or its resume) of a checkpoint of another model than
+    the command builds: one line naming each flag that differs with both values, before any update. Where the
+    shapes differed fairseq listed missing keys and asked to "ensure that the architectures match"; where they
+    agree (another residual lookback, --attention-scaling) it trained on silently; an fconv checkpoint gave
+    unexpected keys. The same model spelled otherwise, with another dropout, trains on."""
+    folder, checkpoint = trained.folder, str(trained.folder / "ckpt/checkpoint_last.pt")
+    fconv = train_args("bin", str(tmp_path / "fconv"), *TRAIN, "--max-update", "1", "--arch", "fconv_iwslt_de_en")
+    check_ok(run_cli("train", fconv, cwd=folder))
+    listed = "; ".join
+    cases = [
+        (["--encoder-layers", "[(64, 3)] * 3"], checkpoint, "--encoder-layers [(64, 3)] * 2 there, [(64, 3)] * 3 here"),
+        (["--decoder-layers", "[(64, 3, 0)] * 2", "--attention-scaling", "paper"], checkpoint, listed([
+            "--decoder-layers [(64, 3)] * 2 there, [(64, 3, 0)] * 2 here", "--attention-scaling fconv there, paper here"
+        ])),
+    ]  # fmt: skip
+    for flags, restored, differing in cases:
+        args = train_args("bin", str(tmp_path / "run"), *TRAIN, "--max-update", "6", "--restore-file", restored)
+        proc = run_cli("train", [*args, *flags], cwd=folder)
+        assert proc.returncode != 0, tail(proc)
+        assert _error_line(proc, "ValueError: ") == (
+            f"{restored}: its model is not the one this command builds ({differing}): give the checkpoint's values, "
+            "or train anew in another --save-dir"
+        )
+        assert "num_updates" not in proc.stdout + proc.stderr
+    args = train_args(
+        "bin", str(tmp_path / "run"), *TRAIN, "--finetune-from-model", str(tmp_path / "fconv/checkpoint_last.pt")
+    )
+    proc = run_cli("train", args, cwd=folder)
+    assert proc.returncode != 0 and _error_line(proc, "ValueError: ") == (
+        f"{tmp_path / 'fconv/checkpoint_last.pt'}: an fconv checkpoint (--arch fconv_iwslt_de_en): convert it "
+        "first, python -m fairseq_convs2s.convert_fconv CHECKPOINT OUT.pt, and train from OUT.pt"
+    )
+    flags = ["--restore-file", checkpoint, "--encoder-layers", "[(64,3)]*2", "--dropout", "0.1"]
+    resumed = check_ok(
+        run_cli("train", train_args("bin", str(tmp_path / "run"), *TRAIN, "--max-update", "6", *flags), cwd=folder)
+    )
     assert "(epoch 1 @ 4 updates)" in resumed.stdout + resumed.stderr, tail(resumed)
 
 

@@ -52,7 +52,9 @@ FIXES: List[Fix] = [
         "broken_checkpoints",
         broken_checkpoints.name_broken_checkpoints,
         "a truncated, empty, non-torch or non-fairseq checkpoint fails deep in torch or fairseq (OSError: [Errno "
-        "22] Invalid argument, EOFError, KeyError: 'best_loss'), naming neither the file nor the problem",
+        "22] Invalid argument, EOFError, KeyError: 'best_loss'), naming neither the file nor the problem; training "
+        "on from a checkpoint of another model than the command builds lists missing keys, or, where the shapes "
+        "agree (another residual lookback), goes on silently",
         "checkpoint_utils.load_checkpoint_to_cpu, Trainer.load_checkpoint",
     ),
     Fix(

@@ -12,6 +12,12 @@ problem: a file cut short (a copy interrupted, a full disk) ends in ``OSError: [
 class, an override that does not apply) keeps its own error. In training (``Trainer.load_checkpoint``) the message
 also says which other checkpoints in the same folder load, to resume from with ``--restore-file``. Nothing is
 deleted, moved or overwritten.
+
+A checkpoint that loads can still hold another model than the one fairseq-train builds from its command line (a
+resume, ``--restore-file`` or ``--finetune-from-model`` with other layer flags, or of an fconv model): fairseq
+then fails with missing and unexpected keys naming no flag, or, where the shapes agree, trains on silently. The
+trainer asks the model it trains (a model with a ``checkpoint_difference`` method: the plugin's) and raises a
+``ValueError`` with its answer before loading.
 """
 
 import contextvars
@@ -23,7 +29,7 @@ from fairseq import checkpoint_utils
 
 from fairseq_convs2s_autoload import is_replaced, replace
 
-# the checkpoint a trainer is loading (its resume from checkpoint_last.pt, or --restore-file), else None
+# (the checkpoint, the trainer) while a trainer loads (its resume from checkpoint_last.pt, --restore-file), else None
 _RESUMING: contextvars.ContextVar = contextvars.ContextVar("convs2s_resuming", default=None)
 _MARK = "_convs2s_names_broken_checkpoints"  # on our wrapper of load_checkpoint_to_cpu (the start-up hook's is not)
 
@@ -154,15 +160,22 @@ def name_broken_checkpoints() -> None:
 
         def load_checkpoint_to_cpu(path, *args, **kwargs):
             try:
-                return load(path, *args, **kwargs)
+                state = load(path, *args, **kwargs)
             except Exception:
                 local = path if os.path.exists(str(path)) else None
                 problem = what_is_wrong(local) if local else None
                 if problem is None:
                     raise
-            if _RESUMING.get() is not None:
-                problem += _resume_advice(local)
-            raise BrokenCheckpoint(problem) from None
+                if _RESUMING.get() is not None:
+                    problem += _resume_advice(local)
+                raise BrokenCheckpoint(problem) from None
+            resuming = _RESUMING.get()
+            if resuming is not None:
+                ask = getattr(resuming[1].get_model(), "checkpoint_difference", None)
+                problem = ask(state) if ask is not None else None
+                if problem is not None:
+                    raise ValueError(f"{path}: {problem}")
+            return state
 
         replace(checkpoint_utils, "load_checkpoint_to_cpu", load_checkpoint_to_cpu)
         setattr(load_checkpoint_to_cpu, _MARK, True)
@@ -171,7 +184,7 @@ def name_broken_checkpoints() -> None:
         trainer_load = Trainer.load_checkpoint
 
         def load_checkpoint(self, filename, *args, **kwargs):
-            token = _RESUMING.set(filename)
+            token = _RESUMING.set((filename, self))
             try:
                 return trainer_load(self, filename, *args, **kwargs)
             finally:

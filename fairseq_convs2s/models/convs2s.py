@@ -18,6 +18,7 @@ from .config import DEFAULT_MAX_POSITIONS, ConvS2SConfig
 from .decoder import ConvS2SDecoder
 from .encoder import ConvS2SEncoder
 from .layer_spec import LayerSpecError, parse_attention_spec, parse_attention_values, parse_layer_spec
+from .structure import difference, structure_of
 
 logger = logging.getLogger(__name__)
 
@@ -129,7 +130,14 @@ class ConvS2SModel(FairseqEncoderDecoderModel):
         )
         model = cls(encoder, decoder)
         model.dictionary_labels = {side: _dictionary_label(task, side) for side in ("source", "target")}
+        model.structure = structure_of(args)
         return model
+
+    def checkpoint_difference(self, checkpoint: dict) -> Optional[str]:
+        """Why a loaded fairseq checkpoint cannot be trained on as this model (another kind, other layers or
+        settings: ``structure.py``), or None. fairseq-train asks before it loads one (``compat/
+        broken_checkpoints.py``)."""
+        return difference(self.structure, checkpoint) if hasattr(self, "structure") else None
 
     def make_generation_fast_(self, **kwargs):
         """fairseq's preparation for inference (``prepare_for_inference_``: fairseq-generate, fairseq-interactive,
