@@ -10,6 +10,7 @@ import logging
 import os
 import re
 import shutil
+import tarfile
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -192,6 +193,87 @@ def test_a_data_folder_without_dictionaries_is_named(spm_trained):
         ConvS2SModel.from_pretrained(str(spm_trained.ckpt), "checkpoint_last.pt", "./no_such_folder")
     relative = ConvS2SModel.from_pretrained(str(spm_trained.ckpt), "checkpoint_last.pt", "../bin")  # fairseq's '.'
     assert isinstance(relative, GeneratorHubInterface)
+
+
+def test_a_checkpoint_or_dictionary_file_for_a_folder_is_named(spm_trained, tmp_path):
+    """The checkpoint file given for its folder, or a dictionary file for the data folder: fairseq took any local
+    file for an archive and stopped in ``tarfile.CompressionError: unknown compression type 'pt'`` ('txt'); the
+    plugin says what to pass instead. A real archive of the data folder is still unpacked and used."""
+    checkpoint = spm_trained.ckpt / "checkpoint_last.pt"
+    with pytest.raises(ValueError) as error:
+        ConvS2SModel.from_pretrained(str(checkpoint), data_name_or_path=str(spm_trained.data))
+    assert str(error.value) == (
+        f"{checkpoint} is a file, not a model directory nor a .tar.gz/.bz2/.xz archive: pass its folder and the "
+        f"checkpoint's name, from_pretrained('{spm_trained.ckpt}', checkpoint_file='checkpoint_last.pt')"
+    )
+    dictionary = spm_trained.data / "dict.src.txt"
+    with pytest.raises(ValueError) as error:
+        ConvS2SModel.from_pretrained(str(spm_trained.ckpt), "checkpoint_last.pt", str(dictionary))
+    assert str(error.value) == (
+        f"data_name_or_path: {dictionary} is a file, not a folder nor a .tar.gz/.bz2/.xz archive: pass the "
+        "fairseq-preprocess folder holding the dict.<lang>.txt files"
+    )
+    with tarfile.open(tmp_path / "bin.tar.gz", "w:gz") as archive:
+        archive.add(spm_trained.data, arcname="bin")
+    hub = ConvS2SModel.from_pretrained(str(spm_trained.ckpt), "checkpoint_last.pt", str(tmp_path / "bin.tar.gz"))
+    assert hub.generate([hub.encode("s1 s2")], beam=2, max_len_b=MAX_LEN_B)[0]
+
+
+def test_a_folder_of_dictionaries_alone_asks_for_the_languages(spm_trained, tmp_path):
+    """The two dictionaries alone (as deployed, without the binarized data whose file names carry the language
+    pair) and a checkpoint that does not name its languages: fairseq stopped with a bare ``Exception: Could not
+    infer language pair``; the plugin names the folder, its dictionaries and the arguments, which then work."""
+    for name in ("dict.src.txt", "dict.tgt.txt"):
+        shutil.copy(spm_trained.data / name, tmp_path)
+    with pytest.raises(Exception, match="Could not infer language pair"):
+        hub_utils.from_pretrained(str(spm_trained.ckpt), "checkpoint_last.pt", str(tmp_path))
+    with pytest.raises(ValueError) as error:
+        ConvS2SModel.from_pretrained(str(spm_trained.ckpt), "checkpoint_last.pt", str(tmp_path))
+    assert str(error.value) == (
+        f"the checkpoint does not name its languages and {tmp_path} holds no binarized data to tell them "
+        "(dict.src.txt, dict.tgt.txt): pass source_lang= and target_lang="
+    )
+    named = ConvS2SModel.from_pretrained(
+        str(spm_trained.ckpt), "checkpoint_last.pt", str(tmp_path), source_lang="src", target_lang="tgt"
+    )
+    full = ConvS2SModel.from_pretrained(str(spm_trained.ckpt), "checkpoint_last.pt", str(spm_trained.data))
+    sources = [full.encode(s) for s in SPM_SENTENCES]
+    assert [h[0]["tokens"].tolist() for h in named.generate(sources, max_len_b=MAX_LEN_B)] == [
+        h[0]["tokens"].tolist() for h in full.generate(sources, max_len_b=MAX_LEN_B)
+    ]
+
+
+def test_generate_prints_the_alignment_fairseq_interactive_prints(spm_trained):
+    """generate(..., print_alignment=True): fairseq's hub prepared the model without its attention, and the
+    search stopped in ``IndexError: Dimension out of range``. Now each hypothesis carries the hard alignment
+    fairseq-interactive --print-alignment prints (A- lines) for the same checkpoint, sentences and beam, the
+    hypotheses unchanged; 'soft' gives a row per target token; the attention is off again after the call, and
+    another value is a ValueError naming the option (fairseq: an AttributeError after the search)."""
+    hub = ConvS2SModel.from_pretrained(
+        str(spm_trained.ckpt), "checkpoint_last.pt", str(spm_trained.data), bpe="sentencepiece",
+        sentencepiece_model=str(spm_trained.spm),
+    )  # fmt: skip
+    sources = [hub.encode(s) for s in SPM_SENTENCES]
+    plain = hub.generate(sources, beam=5, max_len_b=MAX_LEN_B)
+    aligned = hub.generate(sources, beam=5, max_len_b=MAX_LEN_B, print_alignment=True)
+    assert [h[0]["tokens"].tolist() for h in aligned] == [h[0]["tokens"].tolist() for h in plain]
+    after = hub.generate(sources[:1], beam=5, max_len_b=MAX_LEN_B)[0][0]  # (no attention computed, as before)
+    assert (
+        hub.models[0].decoder.need_attn is None and after["attention"].numel() == 0 == plain[0][0]["attention"].numel()
+    )
+
+    proc = _interactive(
+        spm_trained.folder, "bin", "ckpt/checkpoint_last.pt", SPM_SENTENCES, "--print-alignment",
+        "--bpe", "sentencepiece", "--sentencepiece-model", spm_trained.spm, "--max-len-b", str(MAX_LEN_B),
+    )  # fmt: skip
+    cli = hypothesis_lines(proc.stdout)["A"]
+    ours = [" ".join(f"{s}-{t}" for s, t in h[0]["alignment"]) for h in aligned]
+    assert ours == [cli[i] for i in range(len(SPM_SENTENCES))] and all(ours), tail(proc)
+
+    soft = hub.generate(sources[:1], beam=5, max_len_b=MAX_LEN_B, print_alignment="soft")[0][0]
+    assert len(soft["alignment"]) == len(soft["tokens"]) and len(soft["alignment"][0]) == len(sources[0])
+    with pytest.raises(ValueError, match=re.escape("print_alignment must be 'hard', 'soft', True or False, got 'yes'")):
+        hub.generate(sources, print_alignment="yes")
 
 
 def test_a_dictionary_of_another_size_is_named_not_a_torch_size_mismatch(spm_trained):

@@ -7,17 +7,20 @@ sentencepiece's ``Input must be str or bytes``, a float beam in ``repeat()`` ins
 (``lenpn=2``) was set on the generation config and ignored. A sentence longer than the model's source positions
 failed with a bare ``Exception`` naming a command-line flag (``--skip-invalid-size-inputs-valid-test``); with
 ``skip_invalid_size_inputs=True`` it was left out of the results without a word, so that the translations no longer
-lined up with the sentences.
+lined up with the sentences. ``print_alignment=True`` failed inside the search (``IndexError: Dimension out of
+range``): the hub prepares the model for inference without its attention; 'hard' or 'soft' too.
 
 With the plugin loaded: TypeError or ValueError naming the argument, before anything is encoded or decoded; a
 sentence too long is named with its length and the limit; skipped, it is answered with no hypothesis (``generate``)
-or an empty translation (``sample``, ``translate``), in its place, with a warning.
+or an empty translation (``sample``, ``translate``), in its place, with a warning. ``print_alignment`` ('hard',
+'soft', or True for 'hard' as the bare command-line flag) gives fairseq-generate --print-alignment's alignments.
 """
 
 import inspect
 import logging
 import operator
 from collections.abc import Iterable
+from contextlib import contextmanager
 
 import torch
 from fairseq import hub_utils
@@ -55,6 +58,13 @@ def check_hub_inputs() -> None:
             unknown = sorted(set(kwargs) - set(generation.keys()) - own_arguments)
             if unknown:
                 raise TypeError(f"no generation option {', '.join(unknown)}: the options are GenerationConfig's fields")
+        if "print_alignment" in kwargs:
+            kwargs["print_alignment"] = _alignment_kind(kwargs["print_alignment"])
+        aligned = kwargs.get("print_alignment", getattr(generation, "print_alignment", None))
+        with _attention_kept(self.models, bool(aligned)):
+            return _generate_in_order(self, tokenized_sentences, beam, verbose, skip_invalid_size_inputs, **kwargs)
+
+    def _generate_in_order(self, tokenized_sentences, beam, verbose, skip_invalid_size_inputs, **kwargs):
         limit = _source_positions(self.max_positions)
         too_long = [i for i, tokens in enumerate(tokenized_sentences) if limit is not None and len(tokens) > limit]
         if not too_long:
@@ -94,6 +104,35 @@ def _check_beam(beam) -> None:
         operator.index(beam)
     except TypeError:
         raise TypeError(f"beam must be an int, got {type(beam).__name__} {beam!r}") from None
+
+
+def _alignment_kind(value):
+    """``print_alignment`` as fairseq's generator takes it: 'hard' or 'soft' (True: 'hard', as the command line's
+    bare ``--print-alignment``), None or False for none; anything else is a ValueError (fairseq: an
+    AttributeError in the generator, after decoding)."""
+    if value is True:
+        return "hard"
+    if value is None or value is False or value in ("hard", "soft"):
+        return value
+    raise ValueError(f"print_alignment must be 'hard', 'soft', True or False, got {value!r}")
+
+
+@contextmanager
+def _attention_kept(models, keep: bool):
+    """With ``keep``, the attention of the models' modules turned on for the call, as fairseq-generate
+    --print-alignment prepares them (``need_attn``: ``prepare_for_inference_`` set it from the hub's generation
+    settings, None without print_alignment), and restored afterwards."""
+    modules = [
+        m for model in models for m in model.modules() if keep and getattr(m, "need_attn", True) in (None, False)
+    ]
+    before = [m.need_attn for m in modules]
+    try:
+        for m in modules:
+            m.need_attn = True
+        yield
+    finally:
+        for m, value in zip(modules, before):
+            m.need_attn = value
 
 
 def _source_positions(max_positions):

@@ -10,6 +10,7 @@ next load finds the converted file and does not read the original again. A convs
 import glob
 import logging
 import os
+import tarfile
 from typing import Dict, Tuple
 
 from fairseq import file_utils, hub_utils
@@ -74,18 +75,60 @@ def _resolve_name(archive_map: Dict, name_or_path: str, kwargs: Dict) -> Tuple[s
     return entry["path"], entry.get("checkpoint_file", "")
 
 
+ARCHIVE_SUFFIXES = (".gz", ".bz2", ".xz")  # what fairseq's load_archive_file unpacks: tarfile.open(f, "r:<suffix>")
+
+
+def _is_archive(path: str) -> bool:
+    """A local file that fairseq's ``file_utils.load_archive_file`` unpacks (it opens a file with the compression its
+    suffix names, so a checkpoint or a text file stopped in ``tarfile.CompressionError: unknown compression type``)."""
+    return path.endswith(ARCHIVE_SUFFIXES) and tarfile.is_tarfile(path)
+
+
+def _check_model_path(path: str) -> None:
+    """Refuse a local file that is not an archive, a checkpoint most likely: fairseq wants its folder."""
+    if os.path.isfile(path) and not _is_archive(path):
+        folder, name = os.path.split(path)
+        raise ValueError(
+            f"{path} is a file, not a model directory nor a .tar.gz/.bz2/.xz archive: pass its folder and the "
+            f"checkpoint's name, from_pretrained({folder or '.'!r}, checkpoint_file={name!r})"
+        )
+
+
+def _data_path(model_dir: str, data_name_or_path: str) -> str:
+    """Where fairseq's hub reads ``data_name_or_path``: relative to the model directory when it starts with '.' (an
+    archive is not unpacked there), else as it is."""
+    return os.path.join(model_dir, data_name_or_path) if data_name_or_path.startswith(".") else data_name_or_path
+
+
 def _check_dictionaries(model_dir: str, data_name_or_path: str) -> None:
-    """Where fairseq will look for the dictionaries (``data_name_or_path``: relative to the model directory when it
-    starts with '.', as fairseq's hub reads it), refuse a local folder without any ``dict.*.txt``: fairseq stops
-    there with a bare ``Exception: Could not infer language pair`` (or, languages given, a missing file)."""
-    data = os.path.join(model_dir, data_name_or_path) if data_name_or_path.startswith(".") else data_name_or_path
-    if "://" in data or os.path.isfile(data):
+    """Where fairseq will look for the dictionaries (``_data_path``), refuse a local folder without any
+    ``dict.*.txt``: fairseq stops there with a bare ``Exception: Could not infer language pair`` (or, languages
+    given, a missing file); and a file there that fairseq would not unpack (a dictionary given for its folder): a
+    ``tarfile.CompressionError``."""
+    data = _data_path(model_dir, data_name_or_path)
+    if "://" in data or (os.path.isfile(data) and not data_name_or_path.startswith(".") and _is_archive(data)):
         return  # an archive, by URL or a local file: fairseq downloads and unpacks it
+    if os.path.isfile(data):
+        raise ValueError(
+            f"data_name_or_path: {os.path.abspath(data)} is a file, not a folder nor a .tar.gz/.bz2/.xz archive: "
+            f"pass the fairseq-preprocess folder holding the dict.<lang>.txt files"
+        )
     if os.path.isdir(data) and glob.glob(os.path.join(glob.escape(data), "dict.*.txt")):
         return
     raise FileNotFoundError(
         f"no fairseq dictionaries (dict.<lang>.txt) in {os.path.abspath(data)}: pass data_name_or_path, the "
         f"fairseq-preprocess folder the model was trained on (absolute, or relative to {model_dir} with a leading '.')"
+    )
+
+
+def _languages_error(model_dir: str, data_name_or_path: str) -> ValueError:
+    """What fairseq's bare ``Exception: Could not infer language pair`` means: a data folder with dictionaries but no
+    binarized data (whose file names carry the pair), for a checkpoint that does not name its languages."""
+    data = _data_path(model_dir, data_name_or_path)
+    names = sorted(os.path.basename(f) for f in glob.glob(os.path.join(glob.escape(data), "dict.*.txt")))
+    return ValueError(
+        f"the checkpoint does not name its languages and {os.path.abspath(data)} holds no binarized data to tell "
+        f"them ({', '.join(names) or 'no dict.<lang>.txt'}): pass source_lang= and target_lang="
     )
 
 
@@ -98,6 +141,7 @@ def from_pretrained(model_class, model_name_or_path, checkpoint_file="model.pt",
     if isinstance(archive_map.get(data_name_or_path), dict):
         data_name_or_path = archive_map[data_name_or_path]["path"]
 
+    _check_model_path(path)
     try:
         model_dir = file_utils.load_archive_file(path)  # downloads and unpacks a URL once; a local dir stays as is
     except ImportError as e:  # fairseq imports its download client (requests, or boto3 for s3) only when needed
@@ -114,7 +158,12 @@ def from_pretrained(model_class, model_name_or_path, checkpoint_file="model.pt",
     checkpoint_file = os.pathsep.join(os.path.relpath(f, model_dir) for f in files)
     _check_dictionaries(model_dir, data_name_or_path)  # after the checkpoints: what is wrong with them comes first
 
-    loaded = hub_utils.from_pretrained(model_dir, checkpoint_file, data_name_or_path, archive_map=None, **kwargs)
+    try:
+        loaded = hub_utils.from_pretrained(model_dir, checkpoint_file, data_name_or_path, archive_map=None, **kwargs)
+    except Exception as e:  # (fairseq's TranslationTask.setup_task raises a bare Exception)
+        if str(e) != "Could not infer language pair, please provide it explicitly":
+            raise
+        raise _languages_error(model_dir, data_name_or_path) from None
     cfg = loaded["args"]
     with open_dict(cfg):
         # bf16 decoding (ConvS2SModel.prepare_for_inference_) when asked here, not because the checkpoint's
