@@ -5,7 +5,8 @@
 
 The end of training is fairseq's own: ``--stop-time-hours`` (fairseq's cumulative training time, which it stops at
 after any update) and ``--max-update``. The rate is ``--lr`` until the last ``--anneal-fraction`` of that budget,
-then falls linearly to 0 at its end, so the model training stops with is an annealed one.
+then falls linearly to 0 at its end, so the model training stops with is an annealed one. ``--max-epoch`` (when not
+0) can stop training before that, unannealed: a warning says so at the start.
 
 Porting note: the paper (section 4.3) divides the rate by 10 whenever validation loss stops improving
 (``reduce_lr_on_plateau``); in a budget too short for a plateau that never anneals at all. Budgeted-training work
@@ -36,6 +37,7 @@ class BudgetScheduleConfig(FairseqDataclass):
     )
     stop_time_hours: float = II("optimization.stop_time_hours")
     max_update: int = II("optimization.max_update")
+    max_epoch: int = II("optimization.max_epoch")
     lr: List[float] = II("optimization.lr")
 
 
@@ -78,6 +80,11 @@ class BudgetSchedule(FairseqLRScheduler):
             f"budget schedule: lr {self.base_lr} for the first {1 - self.anneal_fraction:.0%} of {budget}, "
             "then linearly to 0"
         )
+        if cfg.max_epoch > 0:  # fairseq stops at whichever limit comes first; the rate knows only the budget's
+            logger.warning(
+                f"budget schedule: --max-epoch {cfg.max_epoch} can end training before the budget, unannealed "
+                "(--max-epoch 0: no epoch limit)"
+            )
         self.optimizer.set_lr(self.base_lr)
 
     def _local_seconds(self) -> float:

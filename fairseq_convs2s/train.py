@@ -24,6 +24,9 @@ Every flag is fairseq-train's and means what it means there; this only changes w
   fork; without one, whole runs are faster and smaller (BENCHMARKS.md, "Data-loading workers"). With sharded data
   (``DATA1:DATA2:...``) and workers, fairseq 0.12 keeps every epoch's workers alive to the end of the run: a
   warning says so.
+- With no GPU and no ``--cpu``, fairseq trains fp32 and ``--bf16`` on the CPU, but ``--fp16`` and several ranks
+  fail inside torch: a usage error says to add ``--cpu``. A missing ``--arch`` is a usage error too (fairseq: a
+  bare ``RuntimeError``).
 """
 
 import ctypes
@@ -53,7 +56,10 @@ def main(argv: Optional[List[str]] = None) -> None:
         sys.argv = [sys.argv[0], *argv]
     given = set(arg.split("=", 1)[0] for arg in sys.argv[1:] if arg.startswith("--"))
     parser = options.get_training_parser()
+    if parser.parse_known_args()[0].arch is None:  # (fairseq: a bare RuntimeError)
+        _usage_error(parser, "--arch is required, e.g. --arch convs2s_iwslt_de_en")
     args = options.parse_args_and_arch(parser)
+    _refuse_gpu_only_flags_without_gpu(parser, args)
     if args.bf16 and "--tpu" not in given:
         args.tpu = False  # options.py sets tpu whenever bf16
     if args.cpu and args.fp16:
@@ -70,6 +76,24 @@ def main(argv: Optional[List[str]] = None) -> None:
         _run_ranks(_gpu_rank_main, (cfg, start_rank), min(torch.cuda.device_count(), dt.distributed_world_size))
     else:  # one process, or one rank of several launched by the user or torchrun
         distributed_utils.call_main(cfg, _patched_fairseq_main)
+
+
+def _refuse_gpu_only_flags_without_gpu(parser, args) -> None:
+    """Without ``--cpu`` and without a GPU, fairseq trains fp32 and bf16 on the CPU, but ``--fp16`` fails in
+    ``torch.cuda`` and several ranks fail counting GPUs or starting NCCL: a usage error naming ``--cpu`` instead."""
+    if args.cpu or torch.cuda.device_count() > 0:  # (fairseq's own count of GPUs)
+        return
+    ranks = args.distributed_world_size  # (under torchrun too: fairseq divides by the GPU count)
+    fp16 = "--memory-efficient-fp16" if getattr(args, "memory_efficient_fp16", False) else "--fp16"
+    flag = fp16 if args.fp16 else f"--distributed-world-size {ranks}" if ranks > 1 else None
+    if flag:
+        _usage_error(parser, f"{flag} without --cpu needs a GPU, and torch finds none: add --cpu to train on the CPU")
+
+
+def _usage_error(parser, message: str) -> None:
+    """argparse's error line and exit status 2, without the usage of every fairseq flag above it."""
+    print(f"{parser.prog}: error: {message}", file=sys.stderr)
+    raise SystemExit(2)
 
 
 def _spawns_one_rank_per_gpu(dt) -> bool:

@@ -1,5 +1,8 @@
 """``--lr-scheduler budget``: the rate held, then annealed linearly to 0 at the end of fairseq's own stopping point
-(``--stop-time-hours``, ``--max-update``), across a resume; and through fairseq-train."""
+(``--stop-time-hours``, ``--max-update``), across a resume; a warning when ``--max-epoch`` can end training first;
+and through fairseq-train."""
+
+import logging
 
 import pytest
 import torch
@@ -10,6 +13,7 @@ from omegaconf import OmegaConf
 from fairseq_convs2s.budget_schedule import BudgetSchedule, budget_lr
 
 LR = 0.25
+MAX_EPOCH_WARNING = "budget schedule: --max-epoch {} can end training before the budget, unannealed"
 
 
 class FakeClock:
@@ -22,9 +26,15 @@ class FakeClock:
         return self.now
 
 
-def schedule(anneal=0.5, seconds=0.0, updates=0, clock=None) -> BudgetSchedule:
+def schedule(anneal=0.5, seconds=0.0, updates=0, clock=None, epochs=0) -> BudgetSchedule:
     cfg = OmegaConf.create(
-        {"anneal_fraction": anneal, "stop_time_hours": seconds / 3600, "max_update": updates, "lr": [LR]}
+        {
+            "anneal_fraction": anneal,
+            "stop_time_hours": seconds / 3600,
+            "max_update": updates,
+            "max_epoch": epochs,
+            "lr": [LR],
+        }
     )
     optimizer = FairseqNAG(
         OmegaConf.create({"lr": [LR], "momentum": 0.99, "weight_decay": 0.0}), [torch.nn.Parameter(torch.zeros(2))]
@@ -90,6 +100,33 @@ def test_what_it_refuses():
         schedule(anneal=0.0, updates=10)
 
 
+def test_an_epoch_limit_that_can_end_training_unannealed_is_warned_of(caplog):
+    """fairseq stops at --max-epoch too, which the rate does not know: a run ended there never annealed, and before
+    nothing said so. Now a warning at the start, and none when --max-epoch is 0 (no epoch limit)."""
+    with caplog.at_level(logging.WARNING, logger="fairseq_convs2s.budget_schedule"):
+        schedule(updates=1000, epochs=2)
+    assert MAX_EPOCH_WARNING.format(2) in caplog.text
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="fairseq_convs2s.budget_schedule"):
+        schedule(updates=1000, epochs=0)
+    assert "--max-epoch" not in caplog.text
+
+
+def test_fairseq_train_warns_when_max_epoch_ends_training_before_the_budget(tmp_path):
+    """Through fairseq-train: --max-epoch 1 with a budget of 1000 updates stops after the first epoch at the full
+    rate. Before, the log said only "lr 0.25 for the first 50% of 1000 updates"; now it warns at the start."""
+    make_splits(tmp_path, {"train": 120, "valid": 8})
+    preprocess(tmp_path, "bin", trainpref="train", validpref="valid")
+    proc = train(
+        tmp_path, "bin", "ckpt", "--lr-scheduler", "budget", "--max-update", "1000", "--max-epoch", "1",
+        "--log-format", "json", "--log-interval", "1", "--max-tokens", "500",
+    )  # fmt: skip
+    log = proc.stdout + proc.stderr
+    assert MAX_EPOCH_WARNING.format(1) in log, log[-3000:]
+    assert log.index(MAX_EPOCH_WARNING.format(1)) < log.index("| train_inner |")  # at the start
+    assert update_records(log)[-1]["lr"] == pytest.approx(LR)  # what it warns of: stopped unannealed
+
+
 def test_fairseq_train_anneals_to_zero_at_max_update(tmp_path):
     """Through fairseq-train with --user-dir: the rate logged after each update, 0 after the last, where fairseq
     stops."""
@@ -106,3 +143,4 @@ def test_fairseq_train_anneals_to_zero_at_max_update(tmp_path):
     expected = [budget_lr(LR, k / 6, 0.5) for k in range(1, 7)]
     assert [r["lr"] for r in records] == pytest.approx(expected, abs=1e-3)
     assert "Stopping training due to num_updates: 6 >= max_update: 6" in log
+    assert "can end training before the budget" not in log  # --max-epoch 0: no warning

@@ -1,0 +1,54 @@
+"""``python -m fairseq_convs2s.train``: mistakes in its command line end in one usage line that says what to add,
+not in an error from inside fairseq or torch."""
+
+import subprocess
+import sys
+
+import pytest
+import torch
+from cli_helpers import PLUGIN_DIR, launcher_cmd, make_splits, preprocess, tail, update_records
+
+NO_GPU = "without --cpu needs a GPU, and torch finds none: add --cpu to train on the CPU"
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("train_entry")
+    make_splits(folder, {"train": 40})
+    preprocess(folder, "bin", trainpref="train")
+    return folder
+
+
+def run(folder, cmd):
+    return subprocess.run(cmd, cwd=folder, capture_output=True, text=True, timeout=300)
+
+
+def assert_usage_error(proc, message: str, save_dir=None) -> None:
+    """Exit status 2 and argparse's one error line, with no traceback and no usage of every fairseq flag."""
+    assert proc.returncode == 2, tail(proc)
+    assert proc.stderr.strip().splitlines()[-1] == f"train.py: error: {message}", tail(proc)
+    assert "Traceback" not in proc.stderr and "usage:" not in proc.stderr, tail(proc)
+    assert save_dir is None or not save_dir.exists()
+
+
+def test_no_arch_is_a_usage_error_naming_it(corpus):
+    """Without --arch fairseq's parser raised a RuntimeError with no message at all."""
+    cmd = [sys.executable, "-m", "fairseq_convs2s.train", "bin", "--user-dir", str(PLUGIN_DIR)]
+    proc = run(corpus, cmd + ["--cpu", "--max-tokens", "1000", "--save-dir", "no_arch"])
+    assert_usage_error(proc, "--arch is required, e.g. --arch convs2s_iwslt_de_en", corpus / "no_arch")
+
+
+@pytest.mark.skipif(torch.cuda.device_count() > 0, reason="what happens without a GPU")
+def test_without_a_gpu_fp16_and_ranks_need_cpu_and_bf16_still_trains(corpus):
+    """With no GPU and no --cpu, --fp16 ended in "AssertionError: Torch not compiled with CUDA enabled" and
+    --distributed-world-size 2 in "world size is 2 but have 0 available devices". fp32 and --bf16 train on the
+    CPU there, as in fairseq, and still do."""
+
+    def without_cpu(*extra):
+        return [arg for arg in launcher_cmd("bin", "ckpt", "--max-update", "1", *extra) if arg != "--cpu"]
+
+    for flags, named in ((["--fp16"], "--fp16"), (["--distributed-world-size", "2"], "--distributed-world-size 2")):
+        assert_usage_error(run(corpus, without_cpu(*flags)), f"{named} {NO_GPU}", corpus / "ckpt")
+    proc = run(corpus, without_cpu("--bf16"))
+    assert proc.returncode == 0, tail(proc)
+    assert [int(r["num_updates"]) for r in update_records(proc.stdout + proc.stderr)] == [1], tail(proc)
