@@ -76,6 +76,7 @@ def main(argv: Optional[List[str]] = None) -> None:
         _run_ranks(_gpu_rank_main, (cfg, start_rank), min(torch.cuda.device_count(), dt.distributed_world_size))
     else:  # one process, or one rank of several launched by the user or torchrun
         distributed_utils.call_main(cfg, _patched_fairseq_main)
+        _leave_process_group()
 
 
 def _refuse_gpu_only_flags_without_gpu(parser, args) -> None:
@@ -219,6 +220,7 @@ def _cpu_rank_main(rank: int, cfg, threads: int) -> None:
     cfg.distributed_training.distributed_rank = rank
     cfg.distributed_training.device_id = 0
     distributed_utils.call_main(cfg, _patched_fairseq_main)
+    _leave_process_group()
 
 
 def _gpu_rank_main(device: int, cfg, start_rank: int) -> None:
@@ -228,6 +230,15 @@ def _gpu_rank_main(device: int, cfg, start_rank: int) -> None:
 
     _configure_logging()
     distributed_utils.distributed_main(device, _patched_fairseq_main, cfg, {"start_rank": start_rank})
+    _leave_process_group()
+
+
+def _leave_process_group() -> None:
+    """After fairseq's end of training (every rank past its barrier), close the process group before this rank
+    exits, as a stopped rank does (``compat/training.py``): a rank that exited with its gloo connections open was
+    once aborted at exit (terminate called without an active exception, SIGABRT) at the end of a whole run."""
+    if torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()
 
 
 # mallopt's parameters (glibc's malloc.h)
