@@ -25,7 +25,8 @@ Every flag is fairseq-train's and means what it means there; this only changes w
   (``DATA1:DATA2:...``) and workers, fairseq 0.12 keeps every epoch's workers alive to the end of the run: a
   warning says so.
 - With no GPU and no ``--cpu``, fairseq trains fp32 and ``--bf16`` on the CPU, but ``--fp16`` and several ranks
-  fail inside torch: a usage error says to add ``--cpu``. A missing ``--arch`` is a usage error too (fairseq: a
+  fail inside torch, and ranks started by torchrun each train alone, into the same folder: a usage error says to
+  add ``--cpu``. A missing ``--arch`` is a usage error too (fairseq: a
   bare ``RuntimeError``).
 """
 
@@ -85,8 +86,10 @@ def _refuse_gpu_only_flags_without_gpu(parser, args) -> None:
     if args.cpu or torch.cuda.device_count() > 0:  # (fairseq's own count of GPUs)
         return
     ranks = args.distributed_world_size  # (under torchrun too: fairseq divides by the GPU count)
+    launched = int(os.environ["WORLD_SIZE"]) if _under_torchrun() else 1  # (fairseq: each trains alone, silently)
     fp16 = "--memory-efficient-fp16" if getattr(args, "memory_efficient_fp16", False) else "--fp16"
     flag = fp16 if args.fp16 else f"--distributed-world-size {ranks}" if ranks > 1 else None
+    flag = flag or (f"torchrun's {launched} ranks" if launched > 1 else None)
     if flag:
         _usage_error(parser, f"{flag} without --cpu needs a GPU, and torch finds none: add --cpu to train on the CPU")
 
@@ -150,7 +153,7 @@ def _configure_logging() -> None:
 
 def _setup_cpu_distributed(args, given) -> int:
     """Fill in the distributed flags for a multi-process CPU run; return how many local ranks to spawn (0: none)."""
-    torchrun = all(key in os.environ for key in ("MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK"))
+    torchrun = _under_torchrun()
     if not args.cpu or (args.distributed_world_size <= 1 and not torchrun):
         return 0
     if args.ddp_backend in ("pytorch_ddp", "c10d"):
@@ -174,6 +177,11 @@ def _setup_cpu_distributed(args, given) -> int:
         args.distributed_init_method = f"tcp://127.0.0.1:{free_port()}"
     args.distributed_no_spawn = True  # each spawned process is one rank; fairseq must not spawn again
     return args.distributed_world_size
+
+
+def _under_torchrun() -> bool:
+    """Whether torchrun (or torch.distributed.launch) started this process as one rank of several."""
+    return all(key in os.environ for key in ("MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK"))
 
 
 def free_port() -> int:

@@ -1,6 +1,7 @@
 """``python -m fairseq_convs2s.train``: mistakes in its command line end in one usage line that says what to add,
 not in an error from inside fairseq or torch."""
 
+import os
 import subprocess
 import sys
 
@@ -41,14 +42,33 @@ def test_no_arch_is_a_usage_error_naming_it(corpus):
 @pytest.mark.skipif(torch.cuda.device_count() > 0, reason="what happens without a GPU")
 def test_without_a_gpu_fp16_and_ranks_need_cpu_and_bf16_still_trains(corpus):
     """With no GPU and no --cpu, --fp16 ended in "AssertionError: Torch not compiled with CUDA enabled" and
-    --distributed-world-size 2 in "world size is 2 but have 0 available devices". fp32 and --bf16 train on the
-    CPU there, as in fairseq, and still do."""
+    --distributed-world-size 2 in "world size is 2 but have 0 available devices", and each rank torchrun started
+    trained alone, into the same folder. fp32 and --bf16 train on the CPU there, as in fairseq, and still do."""
 
     def without_cpu(*extra):
         return [arg for arg in launcher_cmd("bin", "ckpt", "--max-update", "1", *extra) if arg != "--cpu"]
 
     for flags, named in ((["--fp16"], "--fp16"), (["--distributed-world-size", "2"], "--distributed-world-size 2")):
         assert_usage_error(run(corpus, without_cpu(*flags)), f"{named} {NO_GPU}", corpus / "ckpt")
+    torchrun = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "1", "WORLD_SIZE": "2", "RANK": "0"}
+    proc = subprocess.run(without_cpu(), cwd=corpus, capture_output=True, text=True, timeout=300, env=torchrun)
+    assert_usage_error(proc, f"torchrun's 2 ranks {NO_GPU}", corpus / "ckpt")  # (each trained alone, silently)
     proc = run(corpus, without_cpu("--bf16"))
     assert proc.returncode == 0, tail(proc)
     assert [int(r["num_updates"]) for r in update_records(proc.stdout + proc.stderr)] == [1], tail(proc)
+
+
+def test_torchrun_starts_the_ranks_of_one_cpu_training(corpus):
+    """The README's torchrun command (``torchrun --nproc-per-node 2 -m fairseq_convs2s.train ... --cpu``): two ranks
+    of one training over gloo, its checkpoint saved once with the updates of both."""
+    from fairseq_convs2s.train import free_port
+
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr", "127.0.0.1"]
+    torchrun += ["--master-port", str(free_port())]
+    cmd = launcher_cmd("bin", "ranks", "--max-update", "2")
+    proc = run(corpus, [*torchrun, *cmd[1:]])  # (cmd[1:]: -m fairseq_convs2s.train and its flags)
+    assert proc.returncode == 0, tail(proc)
+    log = proc.stdout + proc.stderr
+    assert "initialized host" in log and "as rank 1" in log and "'distributed_world_size': 2" in log, tail(proc)
+    assert [int(r["num_updates"]) for r in update_records(proc.stdout)] == [1, 2], tail(proc)
+    assert (corpus / "ranks" / "checkpoint_last.pt").is_file()
