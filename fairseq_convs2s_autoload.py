@@ -2,8 +2,8 @@
 and holds the one way the plugin puts a wrapper in place of a fairseq function (:func:`replace`).
 
 Installing fairseq-convs2s puts ``fairseq_convs2s_autoload.pth`` into site-packages; Python runs its one line at
-start-up, which imports this module. At start-up it imports nothing beyond what Python has already loaded (``os``,
-``sys``) and only watches for ``fairseq.checkpoint_utils`` being imported; then it wraps ``load_checkpoint_to_cpu``,
+start-up, which imports this module. At start-up it imports only small standard modules (``os``, ``sys``,
+``contextvars``) and only watches for ``fairseq.checkpoint_utils`` being imported; then it wraps ``load_checkpoint_to_cpu``,
 the function through which fairseq-generate, fairseq-interactive, fairseq-validate, ``--restore-file`` and
 ``from_pretrained`` read a checkpoint. When the plugin has not been imported and the checkpoint names a convs2s
 arch, it imports the plugin (registering the model, and letting torch >= 2.6 read the ``argparse.Namespace``

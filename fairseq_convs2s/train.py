@@ -26,8 +26,7 @@ Every flag is fairseq-train's and means what it means there; this only changes w
   warning says so.
 - With no GPU and no ``--cpu``, fairseq trains fp32 and ``--bf16`` on the CPU, but ``--fp16`` and several ranks
   fail inside torch, and ranks started by torchrun each train alone, into the same folder: a usage error says to
-  add ``--cpu``. A missing ``--arch`` is a usage error too (fairseq: a
-  bare ``RuntimeError``).
+  add ``--cpu``. A missing ``--arch`` is a usage error too (fairseq: a bare ``RuntimeError``).
 """
 
 import ctypes
@@ -82,7 +81,8 @@ def main(argv: Optional[List[str]] = None) -> None:
 
 def _refuse_gpu_only_flags_without_gpu(parser, args) -> None:
     """Without ``--cpu`` and without a GPU, fairseq trains fp32 and bf16 on the CPU, but ``--fp16`` fails in
-    ``torch.cuda`` and several ranks fail counting GPUs or starting NCCL: a usage error naming ``--cpu`` instead."""
+    ``torch.cuda``, several ranks fail counting GPUs or starting NCCL, and ranks torchrun started each train alone
+    (fairseq keeps the world size at 1): a usage error naming ``--cpu`` instead."""
     if args.cpu or torch.cuda.device_count() > 0:  # (fairseq's own count of GPUs)
         return
     ranks = args.distributed_world_size  # (under torchrun too: fairseq divides by the GPU count)
@@ -260,7 +260,7 @@ def keep_freed_memory() -> bool:
     By default glibc maps each allocation above 32 MiB (its largest mmap threshold) afresh and unmaps it when freed,
     so the tensors of an update that size (the logits, log-probabilities and their gradients, N x V floats) are
     faulted in and zeroed by the kernel page by page at every update. Kept, whole training runs are faster with the
-    same losses (BENCHMARKS.md, "bf16 against fp32, whole training runs (CPU)"). The cost: the process keeps its
+    same losses (BENCHMARKS.md, "What bounds them"). The cost: the process keeps its
     peak memory until it exits.
     """
     if "MALLOC_MMAP_MAX_" in os.environ or "MALLOC_TRIM_THRESHOLD_" in os.environ:

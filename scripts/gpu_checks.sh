@@ -2,10 +2,10 @@
 # There, on a lent GPU machine (Python 3.12 with a CUDA torch, no registry): DEVELOPERS.md's list, one stage a call,
 # each well inside the device tool's 10 minutes, from the kit that scripts/gpu_kit.sh packed here.
 #
-#   scripts/gpu_checks.sh bench    # benchmarks.run --device cuda (5.3 min on an H100 at 2738547)
-#   scripts/gpu_checks.sh distributed  # scripts/check_distributed_gpu.py (2.7 min on an H100)
+#   scripts/gpu_checks.sh bench    # benchmarks.run --device cuda
+#   scripts/gpu_checks.sh distributed  # scripts/check_distributed_gpu.py
 #   scripts/gpu_checks.sh recipe   # the Multi30k recipe, fairseq-generate --fp16 and --bf16 against fp32,
-#                                  # benchmarks.bf16_generation (6 min on an H100)
+#                                  # benchmarks.bf16_generation
 #   scripts/gpu_checks.sh budget   # the Multi30k recipe under update budgets, six runs at once: the anneal fraction
 #                                  # of --lr-scheduler budget, the plateau schedule cut at the same update count,
 #                                  # and the plateau rule to convergence (UPDATES=3000 2000 by default)
@@ -18,8 +18,10 @@
 #                                  # the distributed check
 #   scripts/gpu_checks.sh forms    # benchmarks.train_forms: the compiled update against the eager one, bf16 and fp32
 #   scripts/gpu_checks.sh memory   # benchmarks.checkpoint_activations: --checkpoint-activations' memory and time,
-#                                  # the harness's batch and a 256 x 101-token one (DEVICE=cpu: on the CPU);
-#                                  # the second 2.4 min on an H100, the first over 230 s
+#                                  # the harness's batch and a 256 x 101-token one (DEVICE=cpu: on the CPU)
+#   scripts/gpu_checks.sh runtime  # the fairseq-free runtime against fairseq-generate on the GPU
+#
+# How long each stage takes: DEVELOPERS.md's table.
 #
 # With the device tool: run(command="scripts/gpu_checks.sh bench", carry=[".gpu_kit"]). Logs and results go to
 # $OUT (the tool's folder that comes back; ./gpu_out where it is unset), at most 8 files a stage.

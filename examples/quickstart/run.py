@@ -21,7 +21,7 @@ USER_DIR = HERE.parent.parent / "fairseq_convs2s"
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent))
 
-from recipes.pipeline import count, errors_in_one_line, failure, out_dir  # noqa: E402
+from recipes.pipeline import count, errors_in_one_line, failure, fairseq, out_dir, stage  # noqa: E402
 from recipes.settings import RunSettings, folders  # noqa: E402
 from toy_corpus import make_corpus  # noqa: E402
 
@@ -31,15 +31,6 @@ INTERACTIVE_INPUT = [
     "two cats follow the old man",
     "a happy child paints the blue house and the woman watches three birds",
 ]
-
-
-def stage(name: str, done: Path):
-    """Print the stage header; return False when its output exists (the stage is skipped)."""
-    if done.exists():
-        print(f"== {name}: already done ({done})")
-        return False
-    print(f"== {name}", flush=True)
-    return True
 
 
 def run(cmd, **kwargs):
@@ -52,10 +43,6 @@ def run(cmd, **kwargs):
             sys.stderr.write(result.stdout[-3000:] + result.stderr[-3000:])
         raise failure(cmd, result.returncode, None)
     return result
-
-
-def fairseq(tool: str):
-    return [sys.executable, "-m", f"fairseq_cli.{tool}"]
 
 
 def main():

@@ -552,8 +552,9 @@ def average_and_choose(args, ckpt: Path, bin_dir: Path, src: str, tgt: str) -> P
         ]  # fmt: skip
         print("$ " + shlex.join(str(c) for c in cmd), flush=True)
         result = subprocess.run([str(c) for c in cmd], capture_output=True, text=True)
-        if result.returncode != 0:
-            sys.exit(f"fairseq-validate failed on {path}:\n{result.stdout[-3000:]}{result.stderr[-3000:]}")
+        if result.returncode != 0:  # its own words say why, then the one line that names the command
+            sys.stderr.write(result.stdout[-3000:] + result.stderr[-3000:])
+            raise failure(cmd, result.returncode, None)
         return final_model.validation_loss(result.stdout + result.stderr)
 
     choice = final_model.choose(averaged if len(inputs) > 1 else None, best, validate, inputs)

@@ -29,7 +29,7 @@ from typing import Dict, List, Optional
 USER_DIR = Path(__file__).resolve().parent.parent.parent / "fairseq_convs2s"
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from recipes.pipeline import CommandFailed, errors_in_one_line, failure, out_dir  # noqa: E402
+from recipes.pipeline import CommandFailed, errors_in_one_line, failure, fairseq, out_dir  # noqa: E402
 from recipes.settings import SettingsChanged  # noqa: E402
 
 # the model's own flags (fairseq_convs2s/models/config.py) and the task's position limits
@@ -108,10 +108,6 @@ def language_pair(data: Path):
         if m:
             return m.group(1), m.group(2)
     raise ValueError(f"{data}: no binarized split found (expected e.g. train.de-en.de.bin)")
-
-
-def fairseq(tool: str) -> List[str]:
-    return [sys.executable, "-m", f"fairseq_cli.{tool}"]
 
 
 def run(cmd: List[str], log: Path) -> str:

@@ -1,8 +1,9 @@
-"""Every change the plugin makes to fairseq's own behaviour: one file per fix, listed in one table (:data:`FIXES`),
-installed by one call.
+"""Every change the plugin makes to fairseq's own behaviour: a file per area (checkpoints, batching, search, ...),
+each fix a row of one table (:data:`FIXES`), installed by one call.
 
-Each fix wraps one fairseq function (``fairseq_convs2s_autoload.replace``: once per process, the original kept as
-``__wrapped__``). :func:`install` runs when the plugin is imported (``--user-dir fairseq_convs2s`` or ``import
+Each fix wraps the fairseq functions its row names (``fairseq_convs2s_autoload.replace``: once per process, the
+original kept as ``__wrapped__``), but ``safe_checkpoints``, a registration with torch. ``python -m
+fairseq_convs2s.train`` also sets some of fairseq-train's flags for its CPU runs (its docstring lists them). :func:`install` runs when the plugin is imported (``--user-dir fairseq_convs2s`` or ``import
 fairseq_convs2s``); the fixes marked ``training`` only in ``python -m fairseq_convs2s.train``'s processes
 (:func:`install_training_fixes`), so that plain ``fairseq-train`` keeps fairseq's training loop as it is.
 ``FAIRSEQ_CONVS2S_COMPAT_OFF`` (names from the table, comma-separated) leaves fixes out;

@@ -62,7 +62,7 @@ def fix_diverse_beam_search() -> None:
 
 def refuse_empty_beams() -> None:
     """Wrap ``FairseqTask.build_generator`` (fairseq-generate, fairseq-interactive, the hub, ``--eval-bleu``) to
-    refuse a ``--beam`` or ``--nbest`` below 1 (idempotent)."""
+    refuse a ``--beam`` or ``--nbest`` below 1, and an ``--nbest`` above the beam (idempotent)."""
     original_build = FairseqTask.build_generator
     if is_replaced(original_build):
         return

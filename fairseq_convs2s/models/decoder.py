@@ -50,7 +50,7 @@ class ConvS2SDecoder(FairseqIncrementalDecoder):
         super().__init__(dictionary)
         self.checkpoint_activations = checkpoint_activations
         self.fast_path = True  # incremental steps at inference on folded products (fast_path.py)
-        self.register_buffer("version", torch.tensor([2.0]))  # the state-dict format; see upgrade_state_dict_named
+        self.register_buffer("version", torch.tensor([2.0]))  # fconv's decoder.version, kept in the state dict
         padding_idx = dictionary.pad()
         self.dropout_module = Dropout(dropout, module_name=type(self).__name__)
         self.need_attn = True
