@@ -3,13 +3,13 @@ and holds the one way the plugin puts a wrapper in place of a fairseq function (
 
 Installing fairseq-convs2s puts ``fairseq_convs2s_autoload.pth`` into site-packages; Python runs its one line at
 start-up, which imports this module. At start-up it imports only small standard modules (``os``, ``sys``,
-``contextvars``) and only watches for ``fairseq.checkpoint_utils`` being imported; then it wraps ``load_checkpoint_to_cpu``,
-the function through which fairseq-generate, fairseq-interactive, fairseq-validate, ``--restore-file`` and
-``from_pretrained`` read a checkpoint. When the plugin has not been imported and the checkpoint names a convs2s
-arch, it imports the plugin (registering the model, and letting torch >= 2.6 read the ``argparse.Namespace``
-inside every fairseq checkpoint) and logs a warning that names the flag that was missing. Without this, fairseq
-fails inside ``torch.load`` with "Unsupported global: GLOBAL argparse.Namespace", or on torch < 2.6 with an unknown
-arch, and neither says what to add.
+``contextvars``) and only watches for ``fairseq.checkpoint_utils`` being imported; then it wraps
+``load_checkpoint_to_cpu``, the function through which fairseq-generate, fairseq-interactive, fairseq-validate,
+``--restore-file`` and ``from_pretrained`` read a checkpoint. When the plugin has not been imported and the
+checkpoint names a convs2s arch, it imports the plugin (registering the model, and letting torch >= 2.6 read the
+``argparse.Namespace`` inside every fairseq checkpoint) and logs a warning that names the flag that was missing.
+Without this, fairseq fails inside ``torch.load`` with "Unsupported global: GLOBAL argparse.Namespace", or on torch
+< 2.6 with an unknown arch, and neither says what to add.
 
 It also marks each call of ``load_model_ensemble_and_task`` (:data:`LOADING_CHECKPOINT`, :func:`mark_checkpoint_loads`):
 the models built there only receive a checkpoint's weights, so they read no pre-trained embedding file. The plugin

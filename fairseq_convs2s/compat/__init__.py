@@ -3,8 +3,9 @@ each fix a row of one table (:data:`FIXES`), installed by one call.
 
 Each fix wraps the fairseq functions its row names (``fairseq_convs2s_autoload.replace``: once per process, the
 original kept as ``__wrapped__``), but ``safe_checkpoints``, a registration with torch. ``python -m
-fairseq_convs2s.train`` also sets some of fairseq-train's flags for its CPU runs (its docstring lists them). :func:`install` runs when the plugin is imported (``--user-dir fairseq_convs2s`` or ``import
-fairseq_convs2s``); the fixes marked ``training`` only in ``python -m fairseq_convs2s.train``'s processes
+fairseq_convs2s.train`` also sets some of fairseq-train's flags for its CPU runs (its docstring lists them).
+:func:`install` runs when the plugin is imported (``--user-dir fairseq_convs2s`` or ``import fairseq_convs2s``);
+the fixes marked ``training`` only in ``python -m fairseq_convs2s.train``'s processes
 (:func:`install_training_fixes`), so that plain ``fairseq-train`` keeps fairseq's training loop as it is.
 ``FAIRSEQ_CONVS2S_COMPAT_OFF`` (names from the table, comma-separated) leaves fixes out;
 ``FAIRSEQ_CONVS2S_NO_AUTOLOAD=1`` switches off the start-up hook (``fairseq_convs2s_autoload.py``), which loads
