@@ -83,6 +83,26 @@ def test_the_paper_layers_import_no_criterion_hub_or_converter(layer):
             assert not [t for t in targets if t.startswith("fairseq_convs2s.models")], name
 
 
+# the hub and the converters are leaves: the model core reads checkpoints through models/checkpoint_args.py
+LEAVES = ("fairseq_convs2s.models.pretrained", "fairseq_convs2s.models.fconv_checkpoint", "fairseq_convs2s.export")
+# fairseq's API puts the hub's entry on the model class (ConvS2SModel.from_pretrained), imported inside it
+HUB_ENTRY = ("fairseq_convs2s.models.convs2s", "fairseq_convs2s.models.pretrained")
+
+
+def test_the_model_imports_no_hub_or_converter():
+    for name, targets in _graph().items():
+        if name.startswith(("fairseq_convs2s.modules", "fairseq_convs2s.models")) and name not in LEAVES:
+            assert not [t for t in targets if t.startswith(LEAVES) and (name, t) != HUB_ENTRY], name
+
+
+def test_compat_imports_only_fairseq_and_itself():
+    """Every fix to fairseq sits below the model: compat/ imports none of the plugin's other modules (it asks a model
+    it is handed, as the trainer's checkpoint check does, instead of importing one)."""
+    for name, targets in _graph().items():
+        if name.startswith("fairseq_convs2s.compat"):
+            assert not [t for t in targets if not t.startswith("fairseq_convs2s.compat")], name
+
+
 def test_the_runtime_imports_neither_fairseq_nor_the_plugin():
     code = (
         "import sys, convs2s_runtime.products, convs2s_runtime.attention, convs2s_runtime.step; "

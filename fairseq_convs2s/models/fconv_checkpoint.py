@@ -14,7 +14,7 @@ import re
 import tempfile
 from argparse import Namespace
 from types import SimpleNamespace
-from typing import Dict, Tuple
+from typing import Dict
 
 import torch
 from fairseq.data import Dictionary
@@ -22,8 +22,7 @@ from torch import Tensor
 
 from ..compat.broken_checkpoints import what_is_wrong
 from ..compat.checkpoints import building_to_load
-
-FCONV_ARCHS = ("fconv", "fconv_iwslt_de_en", "fconv_wmt_en_ro", "fconv_wmt_en_de", "fconv_wmt_en_fr")
+from .checkpoint_args import FCONV_ARCHS, ConversionError, checkpoint_arch, model_args_of
 
 # fconv module path -> convs2s module path (the parameter names inside, weight_g/weight_v/bias, are the same)
 _RENAMES = [
@@ -38,10 +37,6 @@ _RENAMES = [
     (r"^decoder\.attention\.(\d+)\.out_projection\.", r"decoder.blocks.\1.attention.output_projection."),
 ]
 _KEPT = re.compile(r"^(encoder|decoder)\.(embed_tokens|embed_positions)\.weight$|^decoder\.version$")
-
-
-class ConversionError(ValueError):
-    """The input is not a convertible fconv checkpoint; the message says why."""
 
 
 def convert_state_dict(fconv_state: Dict[str, Tensor]) -> Dict[str, Tensor]:
@@ -87,27 +82,6 @@ def convert_args(model_args: Namespace, state: Dict[str, Tensor]) -> Namespace:
     for spec in ("encoder_layers", "decoder_layers", "decoder_attention"):
         setattr(args, spec, str(getattr(args, spec)))
     return args
-
-
-def model_args_of(checkpoint: dict) -> Tuple[Namespace, str]:
-    """The model args of a fairseq checkpoint and where they are: ``cfg.model`` ("cfg"), or before fairseq 0.10
-    ``args`` ("args")."""
-    cfg = checkpoint.get("cfg")
-    if cfg is not None and cfg.get("model") is not None:
-        return cfg["model"], "cfg"
-    if checkpoint.get("args") is not None:
-        return checkpoint["args"], "args"
-    raise ConversionError("the checkpoint has neither 'cfg' nor 'args': not a fairseq checkpoint")
-
-
-def checkpoint_arch(checkpoint: dict) -> str:
-    """The ``--arch`` a loaded fairseq checkpoint was trained with (``cfg.model`` or, before fairseq 0.10, ``args``)."""
-    if not isinstance(checkpoint, dict) or "model" not in checkpoint:
-        raise ConversionError("not a fairseq checkpoint: no 'model' entry")
-    model_args, _ = model_args_of(checkpoint)
-    if isinstance(model_args, dict):  # dataclass models store their config as a plain dict
-        return model_args.get("arch") or model_args.get("_name")
-    return getattr(model_args, "arch", None) or getattr(model_args, "_name", None)
 
 
 def convert_checkpoint(checkpoint: dict, model_class) -> dict:

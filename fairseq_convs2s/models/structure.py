@@ -12,8 +12,8 @@ trainer refuses before it loads (``compat/broken_checkpoints.py`` asks the model
 from argparse import Namespace
 from typing import Dict, Optional
 
+from .checkpoint_args import FCONV_ARCHS, ConversionError, checkpoint_arch, model_args_of
 from .config import DEFAULT_MAX_POSITIONS
-from .fconv_checkpoint import FCONV_ARCHS, ConversionError, checkpoint_arch, model_args_of
 from .layer_spec import LayerSpecError, parse_attention_spec, parse_layer_spec
 
 # the flags that decide what the weights compute; dropout, --checkpoint-activations and the like may change
