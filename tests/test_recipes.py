@@ -273,17 +273,57 @@ def test_a_second_command_into_the_same_out_never_reports_the_firsts_results(run
     assert proc.returncode == 1 and proc.stderr.endswith(f"delete checkpoints/ in {out} to train anew\n"), proc.stderr
     assert "\n$ " not in proc.stdout
 
+    # as it says: checkpoints/ deleted, the other model trains anew, with a log of its own (it was appended to the
+    # first model's, whose curve compare.py then reported); with --nbest 2 the best hypothesis of each is scored
+    first_log = (out / "train.log").read_text()
+    shutil.rmtree(out / "checkpoints")
+    nbest = ["--generate-args", shlex.join([*GENERATE, "--nbest", "2"])]
+    proc = subprocess.run(cmd + fconv + nbest, capture_output=True, text=True, timeout=600, cwd=out)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "the earlier model's training log kept as train.1.log" in proc.stdout
+    assert (out / "train.1.log").read_text() == first_log and "FConvModel" not in first_log
+    assert "FConvModel" in (out / "train.log").read_text() and "ConvS2SModel" not in (out / "train.log").read_text()
+    best = {}
+    for line in (out / "generate-test.auto.txt").read_text().splitlines():
+        if line.startswith("D-"):
+            best.setdefault(int(line.split("\t")[0][2:]), line.split("\t")[2])
+    assert lines(out / "test.auto.hyp") == [best[i] for i in range(len(best))]
+
+
+def test_only_one_test_sets_translations_are_scored(tmp_path):
+    """The hypotheses scored are the best of each test sentence's, all of them: fairseq-generate's output with
+    --nbest 2 gave the second best, with --quiet an empty file marked done, with --gen-subset valid another set's
+    translations scored against the test references, and a sentence left out for its length 'hypotheses are
+    missing for some sentences'."""
+    log, hyp = tmp_path / "generate.txt", tmp_path / "test.hyp"
+    log.write_text("S-1\tb\nD-1\t-0.1\tbest of 1\nD-1\t-0.5\tsecond of 1\nD-0\t-0.2\tbest of 0\nD-0\t-0.9\tx\n")
+    pipeline.write_hypotheses(log, hyp, 2)
+    assert lines(hyp) == ["best of 0", "best of 1"]
+    for written, sentences, message in [
+        ("S-0\ta\n", 2, "holds no D- lines to score (a flag in --generate-args such as --quiet"),
+        ("D-0\t-1\ta\nD-1\t-1\tb\nD-2\t-1\tc\n", 2, "translates sentence 2 and the test set has 2 (another"),
+        ("D-0\t-1\ta\nD-2\t-1\tc\n", 3, "no hypothesis for 1 of the 3 test sentences (ids 1); --skip-invalid-size"),
+    ]:  # fmt: skip
+        log.write_text(written)
+        with pytest.raises(text.DataError, match=re.escape(message)):
+            pipeline.write_hypotheses(log, tmp_path / "not.hyp", sentences)
+        assert not (tmp_path / "not.hyp").exists()
+
 
 def test_settings_are_compared_only_where_their_output_is_kept(tmp_path):
-    """A stage's output that was deleted is made anew (its record no obstacle); an unreadable record is named."""
+    """A stage's output that was deleted, or a folder it left empty, is made anew (its record no obstacle); an
+    unreadable record is named."""
     made = tmp_path / "spm"
     made.mkdir()
+    RunSettings(tmp_path).record("sentencepiece", {"vocab_size": 8000, "max_train_lines": None})
+    RunSettings(tmp_path).refuse_changed("sentencepiece", {"vocab_size": 4000, "max_train_lines": None}, made, "")
+    (made / "spm.model").write_bytes(b"model")
     settings = RunSettings(tmp_path)
     settings.record("sentencepiece", {"vocab_size": 8000, "max_train_lines": None})
     with pytest.raises(SettingsChanged, match=r"--vocab-size 8000, this command 4000\): give this command its own"):
         RunSettings(tmp_path).refuse_changed("sentencepiece", {"vocab_size": 4000, "max_train_lines": None}, made, "")
     RunSettings(tmp_path).refuse_changed("sentencepiece", {"vocab_size": 8000, "max_train_lines": None}, made, "")
-    made.rmdir()
+    shutil.rmtree(made)
     RunSettings(tmp_path).refuse_changed("sentencepiece", {"vocab_size": 4000, "max_train_lines": None}, made, "")
     (tmp_path / "settings.json").write_text('{"sentencepiece": ')
     with pytest.raises(SettingsChanged, match="settings.json cannot be read"):

@@ -343,17 +343,19 @@ def run_stages(recipe: Recipe, args: argparse.Namespace, src: str, tgt: str) -> 
 
     # 1 -----------------------------------------------------------------------------------------------------
     last_set = eval_sets[-1].name
+    # each stage's settings are recorded when it starts: a rerun after an interrupt reuses what the stage had made
+    # (the splits written, the sentencepiece model), and so must be the same command
     if stage("1/7 data", raw / f"{last_set}.{recipe.langs[1]}"):
-        timed("data", prepare_raw, recipe, args, raw, eval_sets)
         settings.record("data", made_with["data"])
+        timed("data", prepare_raw, recipe, args, raw, eval_sets)
 
     # 2 -----------------------------------------------------------------------------------------------------
     spm_model = spm_dir / "spm.model"
     if stage(
         f"2/7 sentencepiece (joint {recipe.spm_model_type}, {args.vocab_size} pieces)", spm_dir / f"{last_set}.done"
     ):
-        timed("sentencepiece", prepare_pieces, recipe, args, raw, spm_dir, eval_sets)
         settings.record("sentencepiece", made_with["sentencepiece"])
+        timed("sentencepiece", prepare_pieces, recipe, args, raw, spm_dir, eval_sets)
 
     # 3 -----------------------------------------------------------------------------------------------------
     pair = f"{src}-{tgt}"
@@ -366,8 +368,8 @@ def run_stages(recipe: Recipe, args: argparse.Namespace, src: str, tgt: str) -> 
             "--trainpref", spm_dir / "train", "--validpref", spm_dir / "valid", "--testpref", test_prefixes,
             "--destdir", bin_dir, "--workers", args.workers,
         ]  # fmt: skip
-        timed("preprocess", run, cmd)
         settings.record("preprocess", made_with["preprocess"])
+        timed("preprocess", run, cmd)
 
     # 4 -----------------------------------------------------------------------------------------------------
     # an interrupted training resumes from checkpoint_last.pt (fairseq's default --restore-file), and so does a
@@ -403,7 +405,13 @@ def run_stages(recipe: Recipe, args: argparse.Namespace, src: str, tgt: str) -> 
             "--seed", "1", *device_flags(), *train_args,
         ]  # fmt: skip
         settings.record("train", made_with["train"])  # (at the start too: an interrupted training resumes as it)
-        timed("train", run, cmd, log=out / "train.log", append=True)
+        log = out / "train.log"
+        resuming = (ckpt / "checkpoint_last.pt").exists()
+        if log.exists() and not resuming:  # a model trained anew: the curve and compare.py read its log alone
+            kept = _unused(log)
+            log.rename(kept)
+            print(f"   the earlier model's training log kept as {kept.name}")
+        timed("train", run, cmd, log=log, append=resuming)
         (ckpt / "train.done").touch()
         settings.record("train", made_with["train"])
         # a new model: the average and the outputs of an earlier model are stale (this is how "train longer"
@@ -450,7 +458,7 @@ def run_stages(recipe: Recipe, args: argparse.Namespace, src: str, tgt: str) -> 
             # the per-sentence S-/T-/H-/D-/P- lines go to the file only
             partial = generated.with_name(generated.name + ".partial")
             timed(f"generate {eval_set.name}", run, cmd, log=partial, quiet=("S-", "T-", "H-", "D-", "P-"))
-            write_hypotheses(partial, hyp_file)
+            write_hypotheses(partial, hyp_file, len(text.read_lines(raw / f"{eval_set.name}.{src}")))
             partial.rename(generated)
             settings.record("generate", made_with["generate"])
         if stage(f"7/7 score {eval_set.name}", score_file):
@@ -629,16 +637,41 @@ def prepare_pieces(recipe: Recipe, args, raw: Path, spm_dir: Path, eval_sets: Se
 _DETOK = re.compile(r"^D-(\d+)\t[^\t]*\t(.*)$")
 
 
-def write_hypotheses(generate_log: Path, hyp_file: Path) -> None:
-    """fairseq-generate's detokenized ``D-<id>`` lines, in the order of the test set."""
+def write_hypotheses(generate_log: Path, hyp_file: Path, sentences: int) -> None:
+    """The best of fairseq-generate's detokenized ``D-<id>`` lines for each of the test set's ``sentences`` (the
+    first of each id: fairseq prints a sentence's hypotheses best first), in the order of the test set; a
+    :class:`text.DataError` where the output is not one test set's translations."""
     hyps = {}
     for line in generate_log.read_text(encoding="utf-8").splitlines():
         m = _DETOK.match(line)
         if m:
-            hyps[int(m.group(1))] = m.group(2)
-    if sorted(hyps) != list(range(len(hyps))):
-        raise SystemExit(f"{generate_log}: hypotheses are missing for some sentences")
-    hyp_file.write_text("".join(hyps[i] + "\n" for i in range(len(hyps))), encoding="utf-8")
+            hyps.setdefault(int(m.group(1)), m.group(2))
+    if not hyps:
+        raise text.DataError(
+            f"{generate_log} holds no D- lines to score (a flag in --generate-args such as --quiet or --results-path?)"
+        )
+    if max(hyps) >= sentences:
+        raise text.DataError(
+            f"{generate_log} translates sentence {max(hyps)} and the test set has {sentences} (another "
+            "--gen-subset in --generate-args?)"
+        )
+    missing = [i for i in range(sentences) if i not in hyps]
+    if missing:
+        listed = ", ".join(map(str, missing[:5])) + (" ..." if len(missing) > 5 else "")
+        raise text.DataError(
+            f"{generate_log}: no hypothesis for {len(missing)} of the {sentences} test sentences (ids {listed}); "
+            "--skip-invalid-size-inputs-valid-test leaves out sentences too long for the model, --truncate-source "
+            "--max-source-positions N cuts them"
+        )
+    hyp_file.write_text("".join(hyps[i] + "\n" for i in range(sentences)), encoding="utf-8")
+
+
+def _unused(path: Path) -> Path:
+    """``train.1.log`` for ``train.log``, or the first number not taken."""
+    n = 1
+    while (kept := path.with_name(f"{path.stem}.{n}{path.suffix}")).exists():
+        n += 1
+    return kept
 
 
 def score(recipe: Recipe, eval_set: EvalSet, hyp_file: Path, raw: Path, tgt: str) -> str:
@@ -646,7 +679,7 @@ def score(recipe: Recipe, eval_set: EvalSet, hyp_file: Path, raw: Path, tgt: str
     hyps = text.read_lines(hyp_file)
     refs = text.read_references(raw, eval_set.name, tgt)
     if any(len(r) != len(hyps) for r in refs):
-        raise SystemExit(f"{hyp_file} has {len(hyps)} lines, the references {[len(r) for r in refs]}")
+        raise text.DataError(f"{hyp_file} has {len(hyps)} lines, the references {[len(r) for r in refs]}")
     if recipe.metric == "bleu":
         return scoring.bleu(hyps, refs)
     scores = scoring.rouge(hyps, refs, eval_set.rouge_recall_bytes)

@@ -66,9 +66,11 @@ class RunSettings:
 
     def refuse_changed(self, stage: str, now: Dict, made: Path, remedy: str) -> None:
         """SettingsChanged if ``made`` (the stage's output) is there and ``now`` differs from what ``stage``
-        recorded; ``remedy`` says what else to do than give this command its own ``--out``. (An output that is gone
-        holds nothing to protect: the stage runs and records anew.)"""
-        difference = self.difference(stage, now) if made.exists() else None
+        recorded; ``remedy`` says what else to do than give this command its own ``--out``. (An output that is gone,
+        or an empty folder of a stage that stopped before writing anything, holds nothing to protect: the stage runs
+        and records anew.)"""
+        kept = made.exists() and not (made.is_dir() and not any(made.iterdir()))
+        difference = self.difference(stage, now) if kept else None
         if difference is not None:
             raise SettingsChanged(
                 f"{made} was made by another command ({difference}): give this command its own --out, or {remedy}"
@@ -86,6 +88,7 @@ class RunSettings:
 
     def _write(self) -> None:
         partial = self.path.with_name(self.path.name + ".partial")
+        partial.parent.mkdir(parents=True, exist_ok=True)  # (the first record comes before any stage's output)
         partial.write_text(json.dumps(self.recorded, indent=1, sort_keys=True) + "\n", encoding="utf-8")
         partial.rename(self.path)  # (whole or not at all)
 
