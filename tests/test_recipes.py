@@ -656,9 +656,9 @@ def test_the_quickstarts_bad_flags_are_usage_errors(args):
 def test_the_quickstart_never_reports_another_commands_model(tmp_path):
     """Another --vocab-size or --max-epoch into a finished quickstart's --out skipped the stages they decide and
     printed the first model's BLEU; now one line names the flag and both values, before anything runs."""
-    for folder in ("spm", "data-bin", "checkpoints"):
+    for folder, made in (("spm", "spm.model"), ("data-bin", "dict.src.txt"), ("checkpoints", "train.done")):
         (tmp_path / folder).mkdir()
-    (tmp_path / "checkpoints" / "train.done").touch()
+        (tmp_path / folder / made).touch()
     settings = RunSettings(tmp_path)
     for stage in ("sentencepiece", "preprocess"):
         settings.record(stage, {"vocab_size": 120})

@@ -148,3 +148,75 @@ def test_finetune_never_reports_a_run_another_command_trained(tmp_path, monkeypa
     message = f"finetune.py: error: {tmp_path / 'out' / 'risk'} was trained by another command (--risk-alpha 0.3, "
     assert str(ended.value.code).startswith(message + "this command 0.5): give this command its own --out")
     assert trained == ["risk", "token", "token-time"] and "$ " not in capsys.readouterr().out
+
+
+def test_finetunes_counts_must_be_at_least_one(tmp_path, capsys):
+    """--max-update 0 trained until stopped (fairseq reads 0 as no limit); --max-tokens or --risk-candidates 0 failed
+    in fairseq, after the start had been scored. Each is a usage error now, before anything runs."""
+    finetune = _finetune()
+    for flag in ("--max-update", "--max-tokens", "--risk-candidates"):
+        with pytest.raises(SystemExit) as ended:
+            finetune.main([str(tmp_path), str(FINETUNE), "--out", str(tmp_path / "out"), flag, "0"])
+        assert ended.value.code == 2
+        assert f"error: argument {flag}: must be at least 1, got 0" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
+
+
+def _recorded(folder, seed, **flags):
+    """A results.json as finetune.py writes it: risk and token runs with their commands."""
+    folder.mkdir()
+    base = {"data": "/d/data-bin", "--finetune-from-model": "/d/checkpoint_best.pt", "--lr": "0.05", **flags}
+    shared = " ".join(f"{k} {v}" for k, v in base.items() if k != "data")
+    results = {"scored": {"gen_subset": "test", "max_len_a": 1.2, "max_len_b": 10, "post_process": "none"}}
+    results["start"] = {"bleu": "BLEU = 30.00 60.0/40.0/30.0/20.0 (BP = 1.000 ratio = 1.000)"}
+    for run, criterion in (("risk", "sequence_risk"), ("token", "label_smoothed_cross_entropy")):
+        command = f"fairseq_cli.train {base['data']} {shared} --seed {seed} --criterion {criterion}"
+        results[run] = {"bleu": results["start"]["bleu"], "command": f"{command} --save-dir {folder / run}"}
+    (folder / "results.json").write_text(json.dumps(results))
+
+
+def test_summary_refuses_runs_that_differ_in_more_than_the_seed(tmp_path):
+    """Folders of another checkpoint, data or learning rate were put side by side as seeds of one experiment, their
+    paired difference tested, without a word; now the summary stops, naming each flag that differs (the seed, the
+    runs' folders and the time-matched run's length may)."""
+    _recorded(tmp_path / "s1", 1)
+    _recorded(tmp_path / "s2", 2)
+    _recorded(tmp_path / "other", 3, data="/e/data-bin", **{"--lr": "0.1", "--stop-time-hours": "0.01"})
+    ok = subprocess.run([sys.executable, str(SCRIPT), str(tmp_path / "s1"), str(tmp_path / "s2")],
+                        capture_output=True, text=True)  # fmt: skip
+    assert ok.returncode == 0 and ok.stdout.startswith("| run | s1 | s2 | mean |"), ok.stderr
+    folders = [str(tmp_path / name) for name in ("s1", "s2", "other")]
+    refused = subprocess.run([sys.executable, str(SCRIPT), *folders], capture_output=True, text=True)
+    assert refused.returncode == 1 and refused.stdout == ""
+    assert refused.stderr == (
+        f"summarize.py: error: {folders[0]} and {folders[2]} differ in more than --seed (the data folder /d/data-bin "
+        "vs /e/data-bin; --lr 0.05 vs 0.1): give the folders of one experiment, its seeds\n"
+    )
+
+
+def test_finetune_records_the_subset_it_scores_and_the_summary_compares_it(tmp_path, monkeypatch):
+    """results.json did not record --gen-subset: seeds scored on valid and on test were averaged into one table."""
+    finetune = _finetune()
+    monkeypatch.setattr(finetune, "language_pair", lambda data: ("de", "en"))
+    monkeypatch.setattr(finetune, "checkpoint_model_flags", lambda checkpoint: ["--arch", "convs2s_iwslt_de_en"])
+    monkeypatch.setattr(finetune, "previous_training_time", lambda checkpoint: 36.0)
+    monkeypatch.setattr(finetune, "bleu", lambda *args: "BLEU = 30.00 60.0/40.0/30.0/20.0")
+
+    def run(cmd, log):
+        save_dir = Path(cmd[cmd.index("--save-dir") + 1])
+        save_dir.mkdir(parents=True)
+        (save_dir / "checkpoint_last.pt").write_text("")
+        return "num_updates=100"
+
+    monkeypatch.setattr(finetune, "run", run)
+    (tmp_path / "model.pt").write_text("")
+    for seed, subset in (("1", "test"), ("2", "valid")):
+        out = ["--out", str(tmp_path / f"s{seed}"), "--seed", seed, "--gen-subset", subset, "--post-process", "none"]
+        finetune.main([str(tmp_path), str(tmp_path / "model.pt"), *out])
+    result = subprocess.run([sys.executable, str(SCRIPT), str(tmp_path / "s1"), str(tmp_path / "s2")],
+                            capture_output=True, text=True)  # fmt: skip
+    assert result.returncode == 1 and result.stdout == ""
+    assert result.stderr.startswith(
+        f"summarize.py: error: {tmp_path / 's1'} and {tmp_path / 's2'} differ in more than --seed (--gen-subset test "
+        "vs valid): "
+    ), result.stderr

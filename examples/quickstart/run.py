@@ -102,8 +102,9 @@ def run_stages(args: argparse.Namespace) -> None:
                 (spm_dir / f"{split}.{side}").write_text("".join(e + "\n" for e in encoded))
         settings.record("sentencepiece", pieces)
 
-    if stage("3/7 fairseq-preprocess", bin_dir / "dict.tgt.txt"):
-        shutil.rmtree(bin_dir, ignore_errors=True)
+    # done with the last file fairseq-preprocess writes (the dictionaries come first): an interrupted one is redone
+    if stage("3/7 fairseq-preprocess", bin_dir / "test.src-tgt.tgt.idx"):
+        shutil.rmtree(bin_dir, ignore_errors=True)  # (what an interrupted one left)
         run(fairseq("preprocess") + [
             "--source-lang", "src", "--target-lang", "tgt", "--joined-dictionary",
             "--trainpref", spm_dir / "train", "--validpref", spm_dir / "valid", "--testpref", spm_dir / "test",

@@ -73,6 +73,11 @@ def average_checkpoints(inputs: Sequence[Path]) -> dict:
         if model.keys() != sums.keys():
             raise ValueError(f"{path} holds different parameters than {inputs[0]}: not the same model")
         for key, value in model.items():
+            if value.shape != sums[key].shape:
+                raise ValueError(
+                    f"{path} and {inputs[0]} hold {key} in different shapes ({tuple(value.shape)} and "
+                    f"{tuple(sums[key].shape)}): not the same model"
+                )
             if value.is_floating_point():
                 sums[key] += value.double()
     averaged = {}
@@ -101,11 +106,19 @@ def main(argv=None):
         parser.error("give --inputs, or --last N with --checkpoint-dir")
     if not inputs:
         sys.exit(f"average_checkpoints: error: no checkpoint<epoch>.pt files in {args.checkpoint_dir}")
+    if any(args.output.resolve() == p.resolve() for p in inputs):
+        parser.error(f"argument --output: {args.output} is one of the inputs; give the average a file of its own")
     print(f"averaging {len(inputs)} checkpoints: {', '.join(p.name for p in inputs)}")
+    # written under another name and renamed when complete: an interrupted or failed save leaves no half a file
+    # under the output's name (nor destroys the file that was there)
+    partial = args.output.with_name(args.output.name + ".partial")
     try:
-        torch.save(average_checkpoints(inputs), args.output)
+        torch.save(average_checkpoints(inputs), partial)
+        partial.replace(args.output)
     except (ValueError, OSError) as e:  # an unreadable or mismatched input; a full disk
         sys.exit(f"average_checkpoints: error: {e}")
+    finally:
+        partial.unlink(missing_ok=True)
     print(f"wrote {args.output}")
 
 

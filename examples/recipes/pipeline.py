@@ -586,9 +586,10 @@ def prepare_raw(recipe: Recipe, args, raw: Path, eval_sets: Sequence[EvalSet]) -
             continue  # written by an earlier run (this one only adds a test set)
         name = {lang: recipe.raw_pattern.format(prefix=recipe.raw_prefixes[split], lang=lang) for lang in (a, b)}
         limit = args.max_train_lines if split == "train" else recipe.max_valid_lines if split == "valid" else None
-        pairs = text.read_pairs(text.find_raw_file(source_dir, name[a]), text.find_raw_file(source_dir, name[b]), limit)
+        read_from = [text.find_raw_file(source_dir, name[lang]) for lang in (a, b)]  # (plain or .gz)
+        pairs = text.read_pairs(*read_from, limit)
         n = text.write_normalized_pairs(pairs, raw / f"{split}.{a}", raw / f"{split}.{b}", recipe.fix_line)
-        print(f"   {split}: {n} pairs from {source_dir / name[a]} and .{b}")
+        print(f"   {split}: {n} pairs from {read_from[0]} and {read_from[1].name}")
     for extra in eval_sets[1:]:
         # an extra test set: its source in the first language, its references (one or more) in the second
         refs = [text.read_lines(p) for p in extra.references]

@@ -3,10 +3,12 @@
 Everything streams in chunks, so the same code handles Multi30k's 29,000 pairs and WMT'14 En-Fr's 36 million.
 """
 
+import contextlib
 import gzip
 import itertools
 import re
 import unicodedata
+import zlib
 from pathlib import Path
 from typing import Callable, Iterable, Iterator, List, Optional, Sequence, Tuple
 
@@ -22,11 +24,58 @@ class DataError(ValueError):
     archive that fails. The driver reports it in one line (``run.py: error: ...``), not a traceback."""
 
 
-def open_text(path: Path):
-    """Open a UTF-8 text file for reading, gzipped or not (by its ``.gz`` suffix)."""
-    if path.suffix == ".gz":
-        return gzip.open(path, "rt", encoding="utf-8", errors="replace", newline="\n")
-    return open(path, encoding="utf-8", errors="replace", newline="\n")
+@contextlib.contextmanager
+def open_text(path: Path) -> Iterator[Iterator[str]]:
+    """The lines of a UTF-8 text file, gzipped or not (by its ``.gz`` suffix), as a context manager.
+
+    A line that is not UTF-8 (a Latin-1 corpus) or a ``.gz`` that cannot be decompressed (cut short, or not gzip at
+    all) is a :class:`DataError` naming the file, not U+FFFD in the data nor a traceback."""
+    with _opener(path)(path, "rt", encoding="utf-8", newline="\n") as f:
+        yield _checked_lines(path, f)
+
+
+def _opener(path: Path):
+    return gzip.open if path.suffix == ".gz" else open
+
+
+def _checked_lines(path: Path, f) -> Iterator[str]:
+    try:
+        yield from f
+    except UnicodeDecodeError:
+        raise _not_utf8(path) from None
+    except (EOFError, gzip.BadGzipFile, zlib.error) as e:  # (raised only by gzip: a plain file has no such check)
+        raise _not_gzip(path, e) from None
+
+
+def _not_gzip(path: Path, error: Exception) -> DataError:
+    return DataError(
+        f"{path} cannot be decompressed ({type(error).__name__}: {error}): download or compress it again (a plain "
+        "text file must not end in .gz)"
+    )
+
+
+def _not_utf8(path: Path) -> DataError:
+    """The error for a file that is not UTF-8: its first bad line and how many there are (as scripts/check_utf8.py
+    finds them: line by line, so the number is the line's, not a byte offset in a chunk)."""
+    first, bad = None, 0
+    try:
+        with _opener(path)(path, "rb") as f:
+            for number, line in enumerate(f, start=1):
+                try:
+                    line.decode("utf-8")
+                except UnicodeDecodeError:
+                    first = first or number
+                    bad += 1
+    except (EOFError, gzip.BadGzipFile, zlib.error) as e:  # (the lines up to the break are counted)
+        if first is None:
+            return _not_gzip(path, e)
+    where = (
+        f"line {first} is not valid UTF-8 ({bad} such line{'s' if bad > 1 else ''} in all)" if first else "not UTF-8"
+    )
+    listed = "" if path.suffix == ".gz" else f"; python scripts/check_utf8.py {path} lists them"
+    return DataError(
+        f"{path}: {where}: convert the file to UTF-8 (iconv -f LATIN1 -t UTF-8 when it is Latin-1{listed})"
+    )
 
 
 def find_raw_file(folder: Path, name: str) -> Path:

@@ -29,7 +29,7 @@ from typing import Dict, List, Optional
 USER_DIR = Path(__file__).resolve().parent.parent.parent / "fairseq_convs2s"
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from recipes.pipeline import CommandFailed, errors_in_one_line, failure, fairseq, out_dir  # noqa: E402
+from recipes.pipeline import CommandFailed, count, errors_in_one_line, failure, fairseq, out_dir  # noqa: E402
 from recipes.settings import SettingsChanged  # noqa: E402
 
 # the model's own flags (fairseq_convs2s/models/config.py) and the task's position limits
@@ -161,10 +161,11 @@ def main(argv: Optional[List[str]] = None) -> None:
     parser.add_argument("data", type=Path, help="fairseq-preprocess output folder")
     parser.add_argument("checkpoint", type=existing_file, help="the token-level checkpoint to start from")
     parser.add_argument("--out", type=out_dir, required=True)
-    parser.add_argument("--max-update", type=int, default=100, help="updates of the risk and token runs")
-    parser.add_argument("--max-tokens", type=int, default=1000, help="batch size of both (sources + targets)")
+    # (counts: fairseq reads --max-update 0 as no limit, and trained until stopped)
+    parser.add_argument("--max-update", type=count, default=100, help="updates of the risk and token runs")
+    parser.add_argument("--max-tokens", type=count, default=1000, help="batch size of both (sources + targets)")
     parser.add_argument("--lr", type=float, default=0.05, help="NAG learning rate of both fine-tuning runs")
-    parser.add_argument("--risk-candidates", type=int, default=8)
+    parser.add_argument("--risk-candidates", type=count, default=8)
     parser.add_argument("--risk-alpha", type=float, default=0.3)
     parser.add_argument("--risk-include-reference", action="store_true")
     parser.add_argument("--gen-subset", default="test")
@@ -238,7 +239,17 @@ def fine_tune(args, pair, model_flags: List[str]) -> None:
                 f"{args.out / name} was trained by another command ({difference}): give this command its own "
                 f"--out, or delete {args.out / name} to train it again"
             )
-    results = {"start": {"bleu": bleu(args, args.checkpoint, post_process, device, args.out / "gen_start.log")}}
+    # how every model was scored (summarize.py puts only runs scored alike side by side)
+    scored = {
+        "gen_subset": args.gen_subset,
+        "max_len_a": args.max_len_a,
+        "max_len_b": args.max_len_b,
+        "post_process": post_process,
+    }
+    results = {
+        "scored": scored,
+        "start": {"bleu": bleu(args, args.checkpoint, post_process, device, args.out / "gen_start.log")},
+    }
     print(f"   before fine-tuning: {results['start']['bleu']}", flush=True)
     for name in runs:
         save_dir = args.out / name

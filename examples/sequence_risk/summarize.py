@@ -4,7 +4,9 @@ token-level training with its t statistic.
     python examples/sequence_risk/summarize.py outputs/multi30k_gpu_risk_s1 outputs/multi30k_gpu_risk_s2 ...
 
 Each folder is one ``finetune.py --out`` (its ``results.json``), all from the same checkpoint with different
-``--seed``; a folder without results (a run that did not finish) is named and skipped. Prints markdown.
+``--seed``; a folder without results (a run that did not finish) is named and skipped, folders whose recorded
+commands differ in more than the seed (another checkpoint, data, --gen-subset, --lr ...) are refused, naming what
+differs. Prints markdown.
 """
 
 import argparse
@@ -16,6 +18,16 @@ from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
 RUNS = ("start", "risk", "token", "token-time")
+# the flags of a recorded command that differ between the seeds of one experiment: the seed, each run's folder, and
+# the time-matched run's length (the seconds its own seed's risk run took)
+PER_SEED = ("--seed", "--save-dir", "--stop-time-hours")
+# how finetune.py scored every model (results.json's "scored"), by flag
+SCORED = {
+    "gen_subset": "--gen-subset",
+    "max_len_a": "--max-len-a",
+    "max_len_b": "--max-len-b",
+    "post_process": "--post-process",
+}
 
 
 def bleu_score(text: str) -> float:
@@ -36,16 +48,62 @@ def paired_t(differences: Sequence[float]) -> Optional[float]:
     return mean / (sd / math.sqrt(n)) if sd > 0 else None
 
 
+def command_flags(command: str) -> Dict[str, str]:
+    """A recorded fairseq-train command's flags with their values (the words up to the next flag; "" for a switch);
+    the data folder (the words before the first flag, less the module's name) as ``data``."""
+    values: Dict[str, List[str]] = {"data": []}
+    flag = "data"
+    for word in command.split():
+        if word.startswith("--"):
+            flag = word
+            values.setdefault(flag, [])
+        elif not (flag == "data" and word.startswith("fairseq_cli.")):
+            values[flag].append(word)
+    return {flag: " ".join(words) for flag, words in values.items()}
+
+
+def differences(first: dict, other: dict) -> List[str]:
+    """How two results.json differ in more than the seed: ``--lr 0.05 vs 0.1``, one entry a flag (the runs' commands
+    and how they were scored; what only one of them recorded is not compared)."""
+    found: Dict[str, str] = {}
+
+    def compare(flag: str, a: Optional[str], b: Optional[str]) -> None:
+        if a != b and flag not in found:
+            shown = ["not given" if v is None else v or "set" for v in (a, b)]
+            found[flag] = f"{flag} {shown[0]} vs {shown[1]}"
+
+    scored = [r.get("scored", {}) for r in (first, other)]
+    for key in (k for k in SCORED if k in scored[0] and k in scored[1]):
+        compare(SCORED[key], str(scored[0][key]), str(scored[1][key]))
+    for run in RUNS:
+        if "command" not in first.get(run, {}) or "command" not in other.get(run, {}):
+            continue
+        a, b = command_flags(first[run]["command"]), command_flags(other[run]["command"])
+        for flag in [*a, *(f for f in b if f not in a)]:
+            if flag not in PER_SEED:
+                compare("the data folder" if flag == "data" else flag, a.get(flag), b.get(flag))
+    return list(found.values())
+
+
 def summarize(folders: Sequence[Path]) -> str:
     scores: List[Dict[str, float]] = []
     names: List[str] = []
     skipped = []
+    first = None  # (folder, results) of the first folder with results: the others must be its other seeds
     for folder in folders:
         path = folder / "results.json"
         if not path.exists():
             skipped.append(str(folder))
             continue
         results = json.loads(path.read_text())
+        if first is None:
+            first = folder, results
+        differ = differences(first[1], results)
+        if differ:
+            raise SystemExit(
+                f"summarize.py: error: {first[0]} and {folder} differ in more than --seed ({'; '.join(differ)}): "
+                "give the folders of one experiment, its seeds"
+            )
         scores.append({run: bleu_score(results[run]["bleu"]) for run in RUNS if run in results})
         names.append(folder.name)
     if not scores:

@@ -1,0 +1,169 @@
+"""Inputs of the recipes' tools that they once took without a word or ended in a traceback: a raw corpus that is
+not UTF-8, a ``.gz`` that cannot be decompressed, checkpoints of two models to average, an average written over
+its input, an interrupted fairseq-preprocess in the quickstart. Each is checked in-process on files of a few lines.
+"""
+
+import gzip
+import importlib.util
+import itertools
+import subprocess
+import sys
+from argparse import Namespace
+
+import pytest
+import torch
+from cli_helpers import REPO_ROOT
+
+sys.path.insert(0, str(REPO_ROOT / "examples"))
+
+from recipes import text  # noqa: E402
+from recipes.average_checkpoints import main as average_main  # noqa: E402
+from recipes.pipeline import CommandFailed, errors_in_one_line  # noqa: E402
+
+
+def _reported(read) -> str:
+    """What the driver prints when ``read()`` fails: its one line (run.py: error: ...)."""
+    with pytest.raises(SystemExit) as ended:
+        with errors_in_one_line("run.py"):
+            read()
+    return str(ended.value.code)
+
+
+def test_a_corpus_that_is_not_utf8_is_named_with_its_first_bad_line(tmp_path):
+    """A Latin-1 file was read with U+FFFD for each of its non-ASCII characters (35 of 60 references of a test set),
+    and scored without a word; now the run stops, naming the file, its first bad line and how many there are."""
+    src, tgt = tmp_path / "train.en", tmp_path / "train.de"
+    src.write_text("a man\na boy runs\nthe green grass\nbye\n", encoding="utf-8")
+    tgt.write_text("ein Mann\nein Junge läuft\nüber grünes Gras\ntschüss\n", encoding="latin-1")
+    hint = f"convert the file to UTF-8 (iconv -f LATIN1 -t UTF-8 when it is Latin-1; python scripts/check_utf8.py {tgt}"
+    expected = f"run.py: error: {tgt}: line 2 is not valid UTF-8 (3 such lines in all): {hint} lists them)"
+    assert _reported(lambda: list(text.read_pairs(src, tgt))) == expected
+    assert _reported(lambda: text.read_lines(tgt)) == expected
+    # the same bytes gzipped: named as well (scripts/check_utf8.py reads no .gz, so it is not offered)
+    packed = tmp_path / "train.de.gz"
+    packed.write_bytes(gzip.compress(tgt.read_bytes()))
+    assert _reported(lambda: text.read_lines(packed)) == (
+        f"run.py: error: {packed}: line 2 is not valid UTF-8 (3 such lines in all): convert the file to UTF-8 "
+        "(iconv -f LATIN1 -t UTF-8 when it is Latin-1)"
+    )
+    assert text.read_lines(src) == ["a man", "a boy runs", "the green grass", "bye"]  # (UTF-8 reads as before)
+
+
+@pytest.mark.parametrize(
+    "kind, reason",
+    [
+        ("cut short", "EOFError: Compressed file ended before the end-of-stream marker was reached"),
+        ("not gzipped", "BadGzipFile: Not a gzipped file (b'ei')"),
+    ],
+)
+def test_a_gz_that_cannot_be_decompressed_is_named(kind, reason, tmp_path):
+    """A .gz in --raw-dir cut short (an interrupted download) or a plain file named .gz ended the data stage in an
+    EOFError or BadGzipFile traceback that named no file."""
+    lines = [f"ein satz {i}" for i in range(2000)]
+    src, tgt = tmp_path / "val.en", tmp_path / "val.de.gz"
+    src.write_text("".join(f"sentence {i}\n" for i in range(2000)), encoding="utf-8")
+    whole = gzip.compress("".join(line + "\n" for line in lines).encode("utf-8"))
+    tgt.write_bytes(whole[: len(whole) // 2] if kind == "cut short" else "\n".join(lines).encode("utf-8"))
+    assert _reported(lambda: list(text.read_pairs(src, tgt))) == (
+        f"run.py: error: {tgt} cannot be decompressed ({reason}): download or compress it again (a plain text file "
+        "must not end in .gz)"
+    )
+
+
+def _checkpoint(path, embed_rows):
+    torch.save({"model": {"embed.weight": torch.ones(embed_rows, 4), "bias": torch.zeros(4)}}, path)
+
+
+def test_averaging_two_models_names_the_files_and_the_parameter(tmp_path):
+    """Checkpoints of models of two vocabularies ended in torch's bare RuntimeError traceback ("The size of tensor
+    a (296) must match the size of tensor b (200)"), naming neither file nor parameter."""
+    a, b = tmp_path / "checkpoint1.pt", tmp_path / "checkpoint2.pt"
+    _checkpoint(a, 200)
+    _checkpoint(b, 296)
+    with pytest.raises(SystemExit) as ended:
+        average_main(["--inputs", str(a), str(b), "--output", str(tmp_path / "avg.pt")])
+    assert ended.value.code == (
+        f"average_checkpoints: error: {b} and {a} hold embed.weight in different shapes ((296, 4) and (200, 4)): "
+        "not the same model"
+    )
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint1.pt", "checkpoint2.pt"]
+
+
+def test_averaging_never_writes_over_an_input_nor_leaves_half_a_file(tmp_path, capsys, monkeypatch):
+    """An --output that is one of the --inputs was overwritten without a word (the newest epoch's checkpoint
+    replaced by the average); a save that failed (a full disk) left a truncated file under the output's name, in
+    place of the average that was there."""
+    a, b = tmp_path / "checkpoint1.pt", tmp_path / "checkpoint2.pt"
+    _checkpoint(a, 2)
+    _checkpoint(b, 2)
+    kept = b.read_bytes()
+    (tmp_path / "latest.pt").symlink_to(b.name)
+    for output in (b, tmp_path / "latest.pt"):
+        with pytest.raises(SystemExit) as ended:
+            average_main(["--inputs", str(a), str(b), "--output", str(output)])
+        message = f"argument --output: {output} is one of the inputs; give the average a file of its own"
+        assert ended.value.code == 2 and message in capsys.readouterr().err
+    assert b.read_bytes() == kept
+
+    avg = tmp_path / "avg.pt"
+    avg.write_bytes(b"the average of an earlier call")
+
+    def disk_full(obj, path):
+        with open(path, "wb") as f:
+            f.write(b"half a checkpoint")
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(torch, "save", disk_full)
+    with pytest.raises(SystemExit) as ended:
+        average_main(["--inputs", str(a), str(b), "--output", str(avg)])
+    assert ended.value.code == "average_checkpoints: error: [Errno 28] No space left on device"
+    assert avg.read_bytes() == b"the average of an earlier call"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["avg.pt", "checkpoint1.pt", "checkpoint2.pt", "latest.pt"]
+
+
+def _quickstart():
+    """examples/quickstart/run.py as a module."""
+    spec = importlib.util.spec_from_file_location("quickstart_run", REPO_ROOT / "examples" / "quickstart" / "run.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize("left", ["dictionaries", "all but the last split"])
+def test_the_quickstart_redoes_an_interrupted_preprocess(left, tmp_path, monkeypatch, capsys):
+    """fairseq-preprocess writes the dictionaries first, then binarizes; interrupted between the two, the rerun took
+    stage 3 as done (by data-bin/dict.tgt.txt) and failed in fairseq-train ('Could not infer language pair') on
+    every rerun after. Now stage 3 runs again, on a data-bin emptied of what the interrupted one left."""
+    quickstart = _quickstart()
+    out = tmp_path / "out"
+    for done in ("raw/test.tgt", "spm/test.tgt"):  # (stages 1 and 2)
+        (out / done).parent.mkdir(parents=True, exist_ok=True)
+        (out / done).write_text("")
+    bin_dir = out / "data-bin"
+    bin_dir.mkdir()
+    written = ["dict.src.txt", "dict.tgt.txt"]
+    if left == "all but the last split":
+        # (fairseq binarizes the source side's splits, then the target side's: the last file is test's .tgt.idx)
+        splits = itertools.product(("src", "tgt"), ("train", "valid", "test"), ("bin", "idx"))
+        written += [f"{split}.src-tgt.{lang}.{ext}" for lang, split, ext in splits][:-1]
+    for name in written:
+        (bin_dir / name).write_text("")
+    ran = []
+
+    def fake_run(cmd, **kwargs):  # each command fails: the first one the quickstart runs ends it
+        ran.append((cmd, sorted(p.name for p in bin_dir.iterdir()) if bin_dir.exists() else None))
+        return subprocess.CompletedProcess(cmd, 1)
+
+    monkeypatch.setattr(quickstart.subprocess, "run", fake_run)
+    with pytest.raises(CommandFailed, match="^fairseq-preprocess exited with status 1"):
+        quickstart.run_stages(Namespace(out=out, max_epoch=1, vocab_size=120))
+    printed = capsys.readouterr().out
+    assert "\n== 3/7 fairseq-preprocess\n$ " in printed and "fairseq_cli.preprocess" in printed, printed
+    assert len(ran) == 1 and ran[0][1] is None  # (what the interrupted one left was gone before it ran)
+
+    # once fairseq-preprocess has written its last file, the stage is done
+    bin_dir.mkdir()
+    (bin_dir / "test.src-tgt.tgt.idx").write_text("")
+    with pytest.raises(CommandFailed, match="^fairseq-train exited with status 1"):
+        quickstart.run_stages(Namespace(out=out, max_epoch=1, vocab_size=120))
+    assert f"== 3/7 fairseq-preprocess: already done ({bin_dir / 'test.src-tgt.tgt.idx'})" in capsys.readouterr().out
