@@ -3,9 +3,9 @@
 ``python -m benchmarks.train_forms [--sizes iwslt,wmt_en_de] [--repeats R] [--device cuda] [--dtype bf16]`` times
 the harness's training update (64 x 26 target tokens, label smoothing, backward, clip, NAG) of convs2s unchanged
 and with, in turn:
-- ``mkl-linears``: the weight-normalized linears (the vocabulary projection among them) by ``F.linear`` on MKL,
-  instead of the autograd product whose forward and input gradient run through oneDNN
-  (``modules/training_products.py``);
+- ``mkl-linears``: the linears by MKL: the weight-normalized ones and the tied output by ``F.linear``, and the
+  fused criterion's vocabulary projection by its plain ``addmm`` / ``mm``, instead of the products whose forward
+  and input gradient run through oneDNN (``modules/training_products.py``, ``criterions/label_smoothed_loss.py``);
 - ``conv-tbc``: the convolutions by ``conv_tbc`` (an MKL product per kernel tap, what fconv runs), instead of
   one oneDNN product over the k shifted inputs side by side (``Im2colConvTBC``);
 - ``fairseq-loss``: fairseq's ``label_smoothed_cross_entropy`` loss through the log-softmax, instead of the
@@ -28,8 +28,8 @@ import torch
 import torch.nn.functional as F
 from fairseq.modules import FairseqDropout
 
-from fairseq_convs2s.criterions import fused_label_smoothed
-from fairseq_convs2s.modules import dropout, weight_norm
+from fairseq_convs2s.criterions import fused_label_smoothed, label_smoothed_loss
+from fairseq_convs2s.modules import dropout, embedding, weight_norm
 
 from . import measure
 
@@ -46,7 +46,10 @@ def _patched(cls, name, fn):
 
 @contextlib.contextmanager
 def mkl_linears(step):
-    with _patched(weight_norm, "training_linear", F.linear):
+    with contextlib.ExitStack() as patches:
+        for module in (weight_norm, embedding):
+            patches.enter_context(_patched(module, "training_linear", F.linear))
+        patches.enter_context(_patched(label_smoothed_loss, "onednn_pays", lambda *args, **kwargs: False))
         yield
 
 
