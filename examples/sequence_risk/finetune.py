@@ -40,23 +40,24 @@ MODEL_FIELDS = (
 )  # fmt: skip
 
 
+def command_flags(command: str) -> Dict[str, str]:
+    """A recorded fairseq-train command's flags with their values (the words up to the next flag; "" for a switch);
+    the data folder (the words before the first flag, less the module's name) as ``data``."""
+    values: Dict[str, List[str]] = {"data": []}
+    flag = "data"
+    for word in command.split():
+        if word.startswith("--"):
+            flag = word
+            values.setdefault(flag, [])
+        elif not (flag == "data" and word.startswith("fairseq_cli.")):
+            values[flag].append(word)
+    return {flag: " ".join(words) for flag, words in values.items()}
+
+
 def command_difference(before: str, now: str) -> str:
     """How two recorded fairseq-train commands differ, flag by flag (``--risk-alpha 0.3, this command 0.5``); ""
-    when they do not. A flag's value is the words up to the next flag; the words before the first flag count as
-    one more (the data folder)."""
-
-    def flags(command: str) -> Dict[str, str]:
-        values: Dict[str, List[str]] = {"data": []}
-        flag = "data"
-        for word in command.split():
-            if word.startswith("--"):
-                flag = word
-                values.setdefault(flag, [])
-            else:
-                values[flag].append(word)
-        return {flag: " ".join(words) for flag, words in values.items()}
-
-    old, new = flags(before), flags(now)
+    when they do not (:func:`command_flags`)."""
+    old, new = command_flags(before), command_flags(now)
     differences = []
     for flag in [*old, *(f for f in new if f not in old)]:
         if old.get(flag) != new.get(flag):

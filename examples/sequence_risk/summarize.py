@@ -17,6 +17,8 @@ import sys
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
+from finetune import command_flags  # (this folder: the script's own)
+
 RUNS = ("start", "risk", "token", "token-time")
 # the flags of a recorded command that differ between the seeds of one experiment: the seed, each run's folder, and
 # the time-matched run's length (the seconds its own seed's risk run took)
@@ -46,20 +48,6 @@ def paired_t(differences: Sequence[float]) -> Optional[float]:
     mean = sum(differences) / n
     sd = math.sqrt(sum((d - mean) ** 2 for d in differences) / (n - 1))
     return mean / (sd / math.sqrt(n)) if sd > 0 else None
-
-
-def command_flags(command: str) -> Dict[str, str]:
-    """A recorded fairseq-train command's flags with their values (the words up to the next flag; "" for a switch);
-    the data folder (the words before the first flag, less the module's name) as ``data``."""
-    values: Dict[str, List[str]] = {"data": []}
-    flag = "data"
-    for word in command.split():
-        if word.startswith("--"):
-            flag = word
-            values.setdefault(flag, [])
-        elif not (flag == "data" and word.startswith("fairseq_cli.")):
-            values[flag].append(word)
-    return {flag: " ".join(words) for flag, words in values.items()}
 
 
 def differences(first: dict, other: dict) -> List[str]:
