@@ -63,7 +63,7 @@ def main(argv=None) -> int:
         if longest < args.min_len:
             raise ValueError(
                 f"--max-len-a {args.max_len_a} --max-len-b {args.max_len_b} allow no line a hypothesis of "
-                f"--min-len {args.min_len} tokens (at most {longest}, the model's target positions less one "
+                f"--min-len {args.min_len} tokens (at most {longest}; the model's target positions allow "
                 f"{translator.model.max_target_positions - 1})"
             )
         for answers in _answers(translator, sys.stdin.fileno(), args):
