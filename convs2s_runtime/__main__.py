@@ -116,7 +116,10 @@ def _answers(translator: Translator, fd: int, args) -> Iterator[List[List[str]]]
 
 
 def _fits(translator: Translator, number: int, line: str, args) -> bool:
-    """Whether line ``number`` may have a hypothesis of ``--min-len`` tokens; if not, a warning says so."""
+    """Whether line ``number`` may have a hypothesis of ``--min-len`` tokens; if not, a warning says so. Without
+    ``--max-len-a`` every line's limit is the same, checked before any line is read: nothing is encoded here."""
+    if args.max_len_a == 0:
+        return True
     longest = translator.max_hypothesis_length(line, args.max_len_a, args.max_len_b)
     if longest >= args.min_len:
         return True

@@ -201,8 +201,9 @@ class Translator:
         return int(max(min(longest, self.model.max_target_positions - 1), -1))
 
     def _hypothesis(self, hypothesis, source_length: int) -> TranslationHypothesis:
-        tokens = [self.target_vocabulary[t] for t in hypothesis.tokens[:-1]]  # (the final EOS left out)
-        shown = [self.target_vocabulary[t] for t in hypothesis.tokens[:-1] if t != self.bos]  # (Dictionary.string)
+        ids = hypothesis.tokens[:-1]  # (the final EOS left out)
+        tokens = [self.target_vocabulary[t] for t in ids]
+        shown = [symbol for t, symbol in zip(ids, tokens) if t != self.bos]  # (as fairseq's Dictionary.string)
         if self._sentencepiece:
             text = "".join(shown).replace("\u2581", " ").strip()  # fairseq's --bpe sentencepiece decoding
         else:

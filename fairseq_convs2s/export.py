@@ -23,7 +23,7 @@ import tempfile
 from argparse import Namespace
 from pathlib import Path
 from types import SimpleNamespace
-from typing import List
+from typing import List, Optional
 
 import torch
 from fairseq.data import Dictionary, data_utils
@@ -213,9 +213,10 @@ def _pieces(path) -> set:
     return {processor.id_to_piece(i) for i in range(processor.get_piece_size())}
 
 
-def _check_sentencepiece(path, dictionaries) -> List[str]:
-    """ExportError when the model at ``path`` is not the one the data was encoded with (fewer than half the
-    dictionaries' words are its pieces); without one, a warning when the words look like sentencepiece pieces."""
+def _check_sentencepiece(path, pieces: Optional[set], dictionaries) -> List[str]:
+    """ExportError when the model at ``path`` (its ``pieces``) is not the one the data was encoded with (fewer than
+    half the dictionaries' words are its pieces); without one, a warning when the words look like sentencepiece
+    pieces."""
     words = _words(dictionaries)
     if path is None:
         pieces = sum(word.startswith("\u2581") for word in words)
@@ -227,7 +228,7 @@ def _check_sentencepiece(path, dictionaries) -> List[str]:
                 "translate text"
             ]
         return []
-    found = len(words & _pieces(path))
+    found = len(words & pieces)
     if found < 0.5 * len(words):
         raise ExportError(
             f"--sentencepiece-model {path}: only {found} of the dictionary's {len(words)} words are its pieces: "
@@ -240,10 +241,10 @@ def export(checkpoint_path, out_dir, data_dir=None, sentencepiece_model=None, la
     """Write the model folder; returns warnings for the user (ExportError, with nothing written, when it cannot)."""
     out_dir = Path(out_dir)
     _check_out_dir(out_dir)
-    if sentencepiece_model is not None:
-        _pieces(sentencepiece_model)  # (before the checkpoint is read: not a model at all is named at once)
+    # (read before the checkpoint: a file that is no sentencepiece model at all is named at once)
+    pieces = _pieces(sentencepiece_model) if sentencepiece_model is not None else None
     model, args, langs, dictionaries = build_model(read_checkpoint(checkpoint_path), data_dir, langs)
-    warnings = _check_sentencepiece(sentencepiece_model, dictionaries)
+    warnings = _check_sentencepiece(sentencepiece_model, pieces, dictionaries)
     try:
         write_folder(export_files(model, args, langs, dictionaries), out_dir, sentencepiece_model)
     except OSError as e:

@@ -404,18 +404,17 @@ def run_stages(recipe: Recipe, args: argparse.Namespace, src: str, tgt: str) -> 
             "--skip-invalid-size-inputs-valid-test", "--log-format", "simple", "--log-interval", "100",
             "--seed", "1", *device_flags(), *train_args,
         ]  # fmt: skip
-        settings.record("train", made_with["train"])  # (at the start too: an interrupted training resumes as it)
+        settings.record("train", made_with["train"])  # (at the start: an interrupted training resumes as it)
         log = out / "train.log"
         resuming = (ckpt / "checkpoint_last.pt").exists()
         if log.exists() and not resuming:  # a model trained anew: the curve and compare.py read its log alone
-            kept = _unused(log)
-            log.rename(kept)
-            print(f"   the earlier model's training log kept as {kept.name}")
+            earlier = _unused(log)
+            log.rename(earlier)
+            print(f"   the earlier model's training log kept as {earlier.name}")
         timed("train", run, cmd, log=log, append=resuming)
         (ckpt / "train.done").touch()
-        settings.record("train", made_with["train"])
         # a new model: the average and the outputs of an earlier model are stale (this is how "train longer"
-        # works: delete checkpoints/train.done and run again with a larger --max-epoch)
+        # works: delete checkpoints/train.done and run again with a larger budget)
         _remove(ckpt / "checkpoint_avg.pt", ckpt / "chosen.txt", out / "curve.png", *_outputs(out))
         settings.forget("average", "generate")
 

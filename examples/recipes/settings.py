@@ -6,7 +6,8 @@ another ``--vocab-size``, ``--source-lang``, ``--raw-dir`` or ``--arch`` skipped
 and printed the first command's model and score under the second's name (with another direction it tested the
 first direction's model on the other's data). Now stages 1-4 stop with one line naming the setting, both values
 and what to delete; stages 5-7 (the average, generation and the score: minutes, nothing trained) run again with a
-line saying why. A stage records its settings when it finishes; an output that was deleted is made anew with this
+line saying why. Stages 1-4 record their settings when they start (a rerun after an interrupt reuses what they
+had made), 5-7 when they finish; an output that was deleted, or a folder left empty, is made anew with this
 command's settings, and a folder from before this record is taken as it is.
 """
 
