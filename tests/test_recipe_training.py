@@ -161,6 +161,7 @@ def test_averaging_takes_checkpoints_from_the_end_of_training_only(tmp_path):
 def test_the_lower_validation_loss_wins_and_the_reason_says_so(tmp_path):
     averaged, best = tmp_path / "checkpoint_avg.pt", tmp_path / "checkpoint_best.pt"
     inputs = [Saved(tmp_path / "checkpoint7.pt", 700), Saved(tmp_path / "checkpoint8.pt", 800)]
+    best.touch()
     losses = {averaged: 3.5, best: 3.6}
     choice = final_model.choose(averaged, best, losses.__getitem__, inputs)
     assert choice.path == averaged
@@ -176,6 +177,12 @@ def test_the_lower_validation_loss_wins_and_the_reason_says_so(tmp_path):
 
     alone = final_model.choose(None, best, never, inputs[:1])
     assert alone.path == best and "nothing to average" in alone.reason
+
+    # training without validation (--disable-validation) saves no best: fairseq-validate failed on the missing file
+    best.unlink()
+    unvalidated = final_model.choose(averaged, best, never, inputs)
+    assert unvalidated.path == averaged and "no checkpoint_best.pt" in unvalidated.reason
+    assert final_model.choose(None, best, never, inputs[:1]).path == inputs[0].path
 
 
 def test_validation_loss_is_read_from_fairseq_validates_output():

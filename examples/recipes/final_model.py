@@ -61,7 +61,11 @@ class Choice(NamedTuple):
 
 def choose(averaged: Optional[Path], best: Path, validate: Callable[[Path], float], inputs: List[Saved]) -> Choice:
     """``averaged`` (the average of ``inputs``) or ``best``, whichever ``validate`` gives the lower loss; the best
-    alone when there is no average (one candidate only)."""
+    alone when there is no average (one candidate only); without a best (training that never validated, as with
+    ``--disable-validation``), the average, or the one candidate."""
+    if not best.exists():
+        model = averaged if averaged is not None else inputs[-1].path
+        return Choice(model, f"{model.name} (no {best.name}: training saved none, as without validation)")
     if averaged is None:
         return Choice(best, f"{best.name} (one checkpoint in the final part of training: nothing to average)")
     names = ", ".join(s.path.name for s in inputs)
