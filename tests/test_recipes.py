@@ -447,6 +447,44 @@ def test_gigaword_with_duc(runs):
     assert "ROUGE-1/2/L 35.88/17.48/33.29" in output  # the paper's numbers, printed for comparison
 
 
+def test_another_duc_set_into_the_same_out_is_prepared_and_scored_anew(runs, corpus, tmp_path):
+    """Other DUC files given to a finished run's --out are normalized, encoded, binarized with the run's dictionary,
+    translated and scored, the model and the Gigaword test set kept (the first files' score was reported as theirs:
+    every stage's output was there)."""
+    finished = runs["gigaword"]
+    finished.result()
+    out = tmp_path / "out"
+    shutil.copytree(finished.out, out)
+    cmd = list(finished.cmd)
+    cmd[cmd.index("--out") + 1] = str(out)
+    del cmd[cmd.index("--duc-source") :]
+    other = [s for s, _ in corpus["test"][8:14]]
+    refs = [tmp_path / "duc" / f"ref{k}.txt" for k in range(4)]
+    write(tmp_path / "duc" / "input.txt", other)
+    for path in refs:
+        write(path, [t for _, t in corpus["test"][8:14]])
+    cmd += ["--duc-source", str(tmp_path / "duc" / "input.txt"), "--duc-refs", *map(str, refs)]
+    test_score = (out / "score-test.auto.txt").read_text()
+
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=out)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert f'duc2004: source "{finished.out.parent / "duc" / "input.txt"} (sha256 ' in proc.stdout
+    assert "preparing, translating and scoring it again" in proc.stdout
+    commands = re.findall(r"^\$ .*", proc.stdout, re.M)
+    assert len(commands) == 2, commands  # nothing trained, the test set not translated again
+    assert "fairseq_cli.preprocess" in commands[0] and "--srcdict" in commands[0]
+    assert "fairseq_cli.generate" in commands[1] and "--gen-subset test1" in commands[1]
+    assert lines(out / "raw" / "duc2004.src") == other
+    assert len(lines(out / "duc2004.auto.hyp")) == 6
+    assert (out / "score-test.auto.txt").read_text() == test_score
+    sources = [line for line in lines(out / "generate-duc2004.auto.txt") if line.startswith("S-")]
+    assert len(sources) == 6  # (scored against the six new references: score() checks the counts)
+    assert not list((out / "data-bin").glob("*.partial"))
+
+    again = subprocess.run(cmd, capture_output=True, text=True, timeout=120, cwd=out)
+    assert again.returncode == 0 and "\n$ " not in again.stdout, again.stdout + again.stderr[-3000:]
+
+
 def test_compare_reads_real_runs(runs, tmp_path):
     """examples/recipes/compare.py, run as a user runs it, on what the recipes wrote: the Multi30k run against a
     copy of it that translated every test sentence as its reference; Gigaword's ROUGE run against itself."""
@@ -498,6 +536,22 @@ def test_rouge_recall_counts_only_the_first_75_bytes():
     # without the cut, F1 punishes the padding either way
     assert scoring.rouge([f"{padding} {ref}"], [[ref]])["rouge1"] == pytest.approx(100 * 2 * 3 / 43 / (1 + 3 / 43))
     assert scoring.truncate_bytes("äää", 3) == "ä"  # never half a character
+
+
+def test_the_scoring_command_keeps_lines_whole_and_names_a_file_it_cannot_read(tmp_path, capsys):
+    """scoring.py's lines end at a newline only: a U+2028 inside a sentence split it in two (str.splitlines) and
+    every later hypothesis met the wrong reference; a file that is not UTF-8, or is not there, is a usage error
+    naming it, not a traceback."""
+    hyp, ref = tmp_path / "hyp.txt", tmp_path / "ref.txt"
+    hyp.write_bytes("a b c d\u2028e f\r\ng h i j\r\n".encode("utf-8"))
+    ref.write_bytes(b"a b c d e f\ng h i j\n")
+    scoring.main(["bleu", "--hyp", str(hyp), "--ref", str(ref)])
+    assert capsys.readouterr().out.startswith("BLEU = 100.00 ")
+    ref.write_bytes("a b c d e f\ng h \xe9 j\n".encode("latin-1"))
+    for refs, message in [([ref], f"{ref}: line 2 is not valid UTF-8"), ([tmp_path / "no.txt"], "No such file")]:
+        with pytest.raises(SystemExit) as exit:
+            scoring.main(["bleu", "--hyp", str(hyp), "--ref", *map(str, refs)])
+        assert exit.value.code == 2 and message in capsys.readouterr().err
 
 
 def test_rouge_recall_averages_over_references():
@@ -641,6 +695,33 @@ def test_an_out_that_is_a_file_is_a_usage_error(tmp_path, capsys):
         parser.parse_args(["--out", str(tmp_path / "a_file")])
     assert exit_.value.code == 2 and "argument --out: " in capsys.readouterr().err
     assert parser.parse_args(["--out", str(tmp_path / "new")]).out == tmp_path / "new"
+    with pytest.raises(SystemExit) as exit_:
+        parser.parse_args(["--out", ""])  # (was the current folder: every stage's output among the user's files)
+    assert exit_.value.code == 2 and "argument --out: must name a folder" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("flag", sorted(pipeline.OWNED_TRAIN_FLAGS))
+def test_train_args_that_would_part_training_from_the_later_stages_are_usage_errors(flag, capsys, tmp_path):
+    """--train-args "--save-dir X" trained into X and stage 5 found nothing to average; another direction trained a
+    model the generation stage could not load."""
+    recipe = pipeline.Recipe(name="t", langs=("en", "de"), raw_prefixes={})
+    with pytest.raises(SystemExit) as exit_:
+        pipeline.main(recipe, "doc", ["--out", str(tmp_path), "--train-args", f"--max-epoch 1 {flag}=x"])
+    assert exit_.value.code == 2 and f"error: {flag} in --train-args: " in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "args, direction",
+    [([], ("en", "de")), (["--target-lang", "en"], ("de", "en")), (["--source-lang", "de"], ("de", "en"))],
+)
+def test_either_language_flag_alone_gives_the_direction(args, direction, monkeypatch, tmp_path):
+    """--target-lang en alone, for German to English, stopped with '--source-lang and --target-lang must differ'
+    (the source's default was English whatever the target)."""
+    stages = []
+    monkeypatch.setattr(pipeline, "run_stages", lambda recipe, args, src, tgt: stages.append((src, tgt)))
+    recipe = pipeline.Recipe(name="t", langs=("en", "de"), raw_prefixes={})
+    pipeline.main(recipe, "doc", ["--out", str(tmp_path), *args])
+    assert stages == [direction]
 
 
 @pytest.mark.parametrize("args", [["--max-epoch", "0"], ["--vocab-size", "0"], ["--out", __file__]])

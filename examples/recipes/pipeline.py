@@ -9,6 +9,7 @@ and runs 5-7 again:
   1 data            download and unpack (or ``--raw-dir`` with local files), normalize  -> OUT/raw/
   2 sentencepiece   one joint vocabulary over both sides of train; encode; length/ratio filter -> OUT/spm/
   3 preprocess      fairseq-preprocess --joined-dictionary                               -> OUT/data-bin/
+                    an extra test set (DUC-2004) alone, made again when given other files -> data-bin/test1.*
   4 train           fairseq-train with the recipe's preset and the paper's optimization  -> OUT/checkpoints/
                     (under --time-budget, annealed to its end); the validation curve    -> OUT/curve.{tsv,png}
   5 average         average checkpoints from the end of training; keep it if it validates
@@ -19,6 +20,7 @@ and runs 5-7 again:
 
 import argparse
 import contextlib
+import hashlib
 import math
 import os
 import re
@@ -229,6 +231,8 @@ def minutes(text: str) -> float:
 def out_dir(text: str) -> Path:
     """argparse's type for ``--out``: an existing file is a usage error, not a traceback at the first mkdir."""
     path = Path(text)
+    if not text.strip():
+        raise argparse.ArgumentTypeError("must name a folder (an empty name is the current folder: give '.' for it)")
     if path.exists() and not path.is_dir():
         raise argparse.ArgumentTypeError(f"{text} is a file, not a folder")
     return path
@@ -247,8 +251,10 @@ def build_parser(recipe: Recipe, doc: str) -> argparse.ArgumentParser:
     )
     add("--raw-dir", type=Path, help="use the raw files in this folder instead of downloading (see the README)")
     add("--mirror", help="fetch every download as MIRROR/<file name> (a mirror, or file:///dir of hand downloads)")
-    add("--source-lang", default=recipe.langs[0], choices=list(recipe.langs))
-    add("--target-lang", default=None, choices=list(recipe.langs), help="default: the other one")
+    add(
+        "--source-lang", choices=list(recipe.langs), help=f"default: {recipe.langs[0]}, or the other than --target-lang"
+    )
+    add("--target-lang", choices=list(recipe.langs), help="default: the other one")
     add("--max-train-lines", type=count, help="use only the first N training pairs (a quick try, a smoke test)")
     add("--vocab-size", type=count, default=recipe.vocab_size, help="joint sentencepiece vocabulary (%(default)s)")
     add(
@@ -308,178 +314,291 @@ def _flag_values_attached(argv: Sequence[str]) -> List[str]:
     return out
 
 
+# fairseq-train flags the recipe sets from its own (the stages after training read what they decide)
+OWNED_TRAIN_FLAGS = {
+    "--save-dir": "the recipe keeps its checkpoints in OUT/checkpoints (give another --out)",
+    "--source-lang": "give the recipe's own --source-lang",
+    "--target-lang": "give the recipe's own --target-lang",
+}
+
+
 def main(recipe: Recipe, doc: str, argv: Optional[Sequence[str]] = None) -> None:
     """Parse the command line and run the stages of ``recipe``."""
     parser = build_parser(recipe, doc)
     args = parser.parse_args(_flag_values_attached(sys.argv[1:] if argv is None else argv))
-    src = args.source_lang
-    tgt = args.target_lang or next(lang for lang in recipe.langs if lang != src)
+    other = {recipe.langs[0]: recipe.langs[1], recipe.langs[1]: recipe.langs[0]}
+    src = args.source_lang or (other[args.target_lang] if args.target_lang else recipe.langs[0])
+    tgt = args.target_lang or other[src]
     if tgt == src:
         parser.error("--source-lang and --target-lang must differ")
+    for flag, instead in OWNED_TRAIN_FLAGS.items():
+        if training.given_value(shlex.split(args.train_args), flag) is not None:
+            parser.error(f"{flag} in --train-args: {instead}")
     with errors_in_one_line(parser.prog):
         run_stages(recipe, args, src, tgt)
 
 
-def run_stages(recipe: Recipe, args: argparse.Namespace, src: str, tgt: str) -> None:
-    """The seven stages, each skipped when its output is there."""
-    out = args.out.resolve()
-    raw, spm_dir, bin_dir, ckpt = out / "raw", out / "spm", out / "data-bin", out / "checkpoints"
-    eval_sets = [EvalSet("test")] + (recipe.extra_eval_sets(args) if recipe.extra_eval_sets else [])
-    timings: Dict[str, float] = {}
-    train_args = shlex.split(args.train_args)
-    arch = training.given_value(train_args, "--arch") or recipe.arch  # --train-args win
-    settings, made_with = RunSettings(out), stage_settings(args, src, tgt, arch)
+@dataclass
+class RecipeCommand:
+    """One command's run of a recipe: its folders, the settings each stage's output is made with, and the minutes
+    each stage took."""
 
-    def timed(name, fn, *fn_args, **fn_kwargs):
+    recipe: Recipe
+    args: argparse.Namespace
+    src: str
+    tgt: str
+
+    def __post_init__(self):
+        self.out = self.args.out.resolve()
+        self.raw, self.spm_dir, self.bin_dir = self.out / "raw", self.out / "spm", self.out / "data-bin"
+        self.ckpt = self.out / "checkpoints"
+        self.pair = f"{self.src}-{self.tgt}"
+        extra = self.recipe.extra_eval_sets(self.args) if self.recipe.extra_eval_sets else []
+        self.eval_sets: List[EvalSet] = [EvalSet("test"), *extra]
+        self.train_args = shlex.split(self.args.train_args)
+        self.arch = training.given_value(self.train_args, "--arch") or self.recipe.arch  # --train-args win
+        self.settings = RunSettings(self.out)
+        self.made_with = stage_settings(self.args, self.src, self.tgt, self.arch)
+        self.timings: Dict[str, float] = {}
+
+    def timed(self, name: str, fn: Callable, *fn_args, **fn_kwargs) -> None:
         started = time.time()
         fn(*fn_args, **fn_kwargs)
-        timings[name] = time.time() - started
+        self.timings[name] = time.time() - started
 
-    # the data, pieces and binarized data of another command are refused before anything runs
-    kept = [("data", raw), ("sentencepiece", spm_dir), ("preprocess", bin_dir)]
+    def subset(self, index: int) -> str:
+        """fairseq's name for the test set ``eval_sets[index]``: test, test1, ..."""
+        return "test" if index == 0 else f"test{index}"
+
+
+def run_stages(recipe: Recipe, args: argparse.Namespace, src: str, tgt: str) -> None:
+    """The seven stages, each skipped when its output is there."""
+    r = RecipeCommand(recipe, args, src, tgt)
+    refuse_another_commands_data(r)
+    data_stage(r)
+    sentencepiece_stage(r)
+    preprocess_stage(r)
+    for index in range(1, len(r.eval_sets)):
+        extra_test_set_stage(r, index)
+    train_stage(r)
+    if not (r.out / "curve.png").exists() and (r.out / "train.log").exists():
+        write_curve(r.out, f"{recipe.name} {r.pair}, {r.arch}")
+    model = model_stage(r)
+    summary = [test_stage(r, index, model) for index in range(len(r.eval_sets))]
+    report(r, model, summary)
+
+
+def refuse_another_commands_data(r: RecipeCommand) -> None:
+    """The data, pieces and binarized data of another command are refused before anything runs."""
+    kept = [("data", r.raw), ("sentencepiece", r.spm_dir), ("preprocess", r.bin_dir)]
     for k, (name, folder) in enumerate(kept):
-        redo = f"delete {folders(out, *(later for _, later in kept[k:]), ckpt)} to redo them"
-        settings.refuse_changed(name, made_with[name], folder, redo)
+        redo = f"delete {folders(r.out, *(later for _, later in kept[k:]), r.ckpt)} to redo them"
+        r.settings.refuse_changed(name, r.made_with[name], folder, redo)
 
-    # 1 -----------------------------------------------------------------------------------------------------
-    last_set = eval_sets[-1].name
-    # each stage's settings are recorded when it starts: a rerun after an interrupt reuses what the stage had made
-    # (the splits written, the sentencepiece model), and so must be the same command
-    if stage("1/7 data", raw / f"{last_set}.{recipe.langs[1]}"):
-        settings.record("data", made_with["data"])
-        timed("data", prepare_raw, recipe, args, raw, eval_sets)
 
-    # 2 -----------------------------------------------------------------------------------------------------
-    spm_model = spm_dir / "spm.model"
-    if stage(
-        f"2/7 sentencepiece (joint {recipe.spm_model_type}, {args.vocab_size} pieces)", spm_dir / f"{last_set}.done"
-    ):
-        settings.record("sentencepiece", made_with["sentencepiece"])
-        timed("sentencepiece", prepare_pieces, recipe, args, raw, spm_dir, eval_sets)
+# each of stages 1-4 records its settings when it starts: a rerun after an interrupt reuses what the stage had
+# made (the splits written, the sentencepiece model), and so must be the same command
 
-    # 3 -----------------------------------------------------------------------------------------------------
-    pair = f"{src}-{tgt}"
-    last_subset = "test" if len(eval_sets) == 1 else f"test{len(eval_sets) - 1}"
-    if stage(f"3/7 fairseq-preprocess {pair}", bin_dir / f"{last_subset}.{pair}.{tgt}.idx"):
-        shutil.rmtree(bin_dir, ignore_errors=True)
-        test_prefixes = ",".join(str(spm_dir / e.name) for e in eval_sets)
+
+def data_stage(r: RecipeCommand) -> None:
+    """Stage 1: raw/{train,valid,test}.<lang>."""
+    if stage("1/7 data", r.raw / f"test.{r.recipe.langs[1]}"):
+        r.settings.record("data", r.made_with["data"])
+        r.timed("data", prepare_raw, r.recipe, r.args, r.raw)
+
+
+def sentencepiece_stage(r: RecipeCommand) -> None:
+    """Stage 2: spm/spm.model and the splits in pieces."""
+    title = f"2/7 sentencepiece (joint {r.recipe.spm_model_type}, {r.args.vocab_size} pieces)"
+    if stage(title, r.spm_dir / "test.done"):
+        r.settings.record("sentencepiece", r.made_with["sentencepiece"])
+        r.timed("sentencepiece", prepare_pieces, r.recipe, r.args, r.raw, r.spm_dir)
+
+
+def preprocess_stage(r: RecipeCommand) -> None:
+    """Stage 3: data-bin/, the dictionary and the binarized splits."""
+    if stage(f"3/7 fairseq-preprocess {r.pair}", r.bin_dir / f"test.{r.pair}.{r.tgt}.idx"):
+        shutil.rmtree(r.bin_dir, ignore_errors=True)
         cmd = fairseq("preprocess") + [
-            "--source-lang", src, "--target-lang", tgt, "--joined-dictionary",
-            "--trainpref", spm_dir / "train", "--validpref", spm_dir / "valid", "--testpref", test_prefixes,
-            "--destdir", bin_dir, "--workers", args.workers,
+            "--source-lang", r.src, "--target-lang", r.tgt, "--joined-dictionary",
+            "--trainpref", r.spm_dir / "train", "--validpref", r.spm_dir / "valid", "--testpref", r.spm_dir / "test",
+            "--destdir", r.bin_dir, "--workers", r.args.workers,
         ]  # fmt: skip
-        settings.record("preprocess", made_with["preprocess"])
-        timed("preprocess", run, cmd)
+        r.settings.record("preprocess", r.made_with["preprocess"])
+        r.timed("preprocess", run, cmd)
 
-    # 4 -----------------------------------------------------------------------------------------------------
-    # an interrupted training resumes from checkpoint_last.pt (fairseq's default --restore-file), and so does a
-    # training told to go on (train.done deleted), with this command's settings
-    if (ckpt / "train.done").exists():
-        remedy = f"delete {folders(out, ckpt)} to train anew"
-        if settings.difference("train", {"arch": arch}) is None:  # (the same model: it can train on)
-            remedy += f", or only {ckpt.name}/train.done there to train on from its last checkpoint with this command"
-        settings.refuse_changed("train", made_with["train"], ckpt, remedy)
-    elif (ckpt / "checkpoint_last.pt").exists():  # (a training that resumes goes on with the same model only)
-        settings.refuse_changed("train", {"arch": arch}, ckpt, f"delete {folders(out, ckpt)} to train anew")
-    if stage(f"4/7 fairseq-train --arch {arch}", ckpt / "train.done"):
-        import torch
 
-        ckpt.mkdir(parents=True, exist_ok=True)
-        fastest, notes = training.fastest_flags(arch, train_args, args.precision, torch.cuda.is_available())
-        separate = recipe.share_embeddings and args.separate_embeddings
-        model_flags, model_notes = training.embedding_flags(arch, train_args, recipe.share_embeddings, separate)
-        update_budget = args.update_budget
-        if update_budget is None and args.time_budget is None:
-            update_budget = recipe.update_budget
-        for note in [*notes, *model_notes, training.length_note(args.time_budget, update_budget, recipe.update_budget)]:
-            print(f"   {note}")
-        budget = args.time_budget is not None or bool(update_budget)
-        if budget and training.given_value(train_args, "--max-epoch") not in (None, "0"):
-            print("   warning: --max-epoch in --train-args can end training before the budget, unannealed")
-        cmd = train_command() + [
-            bin_dir, "--user-dir", USER_DIR, "--arch", recipe.arch, "--source-lang", src, "--target-lang", tgt,
-            *recipe.train_flags, *training.optimization_flags(args.time_budget, update_budget or None), *fastest,
-            *model_flags,
-            "--save-dir", ckpt, "--keep-last-epochs", max(args.average_last, 1),
-            "--skip-invalid-size-inputs-valid-test", "--log-format", "simple", "--log-interval", "100",
-            "--seed", "1", *device_flags(), *train_args,
-        ]  # fmt: skip
-        settings.record("train", made_with["train"])  # (at the start: an interrupted training resumes as it)
-        log = out / "train.log"
-        resuming = (ckpt / "checkpoint_last.pt").exists()
-        if log.exists() and not resuming:  # a model trained anew: the curve and compare.py read its log alone
-            earlier = _unused(log)
-            log.rename(earlier)
-            print(f"   the earlier model's training log kept as {earlier.name}")
-        timed("train", run, cmd, log=log, append=resuming)
-        (ckpt / "train.done").touch()
-        # a new model: the average and the outputs of an earlier model are stale (this is how "train longer"
-        # works: delete checkpoints/train.done and run again with a larger budget)
-        _remove(ckpt / "checkpoint_avg.pt", ckpt / "chosen.txt", out / "curve.png", *_outputs(out))
-        settings.forget("average", "generate")
-
-    if not (out / "curve.png").exists() and (out / "train.log").exists():
-        write_curve(out, f"{recipe.name} {pair}, {arch}")
-
-    # 5 -----------------------------------------------------------------------------------------------------
-    model = {"best": ckpt / "checkpoint_best.pt", "last": ckpt / "checkpoint_last.pt"}.get(args.checkpoint)
-    if args.checkpoint in ("avg", "auto"):
-        difference = settings.difference("average", made_with["average"])
-        if difference is not None:
-            print(f"   {difference}: averaging and generating again")
-            _remove(ckpt / "checkpoint_avg.pt", ckpt / "chosen.txt", *_outputs(out))
-            settings.forget("average", "generate")
-        fresh = not (ckpt / ("chosen.txt" if args.checkpoint == "auto" else "checkpoint_avg.pt")).exists()
-        model = average_and_choose(args, ckpt, bin_dir, src, tgt)
-        if fresh:
-            settings.record("average", made_with["average"])
-
-    # 6, 7 --------------------------------------------------------------------------------------------------
-    difference = settings.difference("generate", made_with["generate"])
+def extra_test_set_stage(r: RecipeCommand, index: int) -> None:
+    """Stages 1-3 for an extra test set (DUC-2004) alone: its raw files, pieces and binarized subset
+    (data-bin/test<index>, the dictionary of stage 3). Given other files or settings than the set was made from, it
+    is made, translated and scored again (it kept the first files' score), the model and the other sets kept."""
+    extra, subset = r.eval_sets[index], r.subset(index)
+    made = r.bin_dir / f"{subset}.{r.pair}.{r.tgt}.idx"
+    name, now = f"test set {extra.name}", extra_set_settings(extra)
+    difference = r.settings.difference(name, now) if made.exists() else None
     if difference is not None:
-        print(f"   {difference}: generating again")
-        _remove(*_outputs(out))
-        settings.forget("generate")
-    summary = []
-    for i, eval_set in enumerate(eval_sets):
-        subset = "test" if i == 0 else f"test{i}"
-        # file names carry the checkpoint, so --checkpoint best after --checkpoint avg generates again
-        tag = f"{eval_set.name}.{args.checkpoint}"
-        generated, hyp_file, score_file = out / f"generate-{tag}.txt", out / f"{tag}.hyp", out / f"score-{tag}.txt"
-        if stage(f"6/7 fairseq-generate --beam 5 on {eval_set.name} ({model.name})", generated):
-            cmd = fairseq("generate") + [
-                bin_dir, "--user-dir", USER_DIR, "--path", model, "--source-lang", src, "--target-lang", tgt,
-                "--gen-subset", subset, "--beam", "5", "--min-len", eval_set.min_len, "--batch-size", "64",
-                "--remove-bpe", "sentencepiece",
-                "--required-batch-size-multiple", "1",  # else fairseq may drop the last sentences (issue 5036)
-                *recipe.generate_flags, *device_flags(), *shlex.split(args.generate_args),
-            ]  # fmt: skip
-            # the per-sentence S-/T-/H-/D-/P- lines go to the file only
-            partial = generated.with_name(generated.name + ".partial")
-            timed(f"generate {eval_set.name}", run, cmd, log=partial, quiet=("S-", "T-", "H-", "D-", "P-"))
-            write_hypotheses(partial, hyp_file, len(text.read_lines(raw / f"{eval_set.name}.{src}")))
-            partial.rename(generated)
-            settings.record("generate", made_with["generate"])
-        if stage(f"7/7 score {eval_set.name}", score_file):
-            score_file.write_text(score(recipe, eval_set, hyp_file, raw, tgt) + "\n")
-        summary.append(f"{eval_set.name} ({model.name}): {score_file.read_text().strip()}")
-        show_examples(hyp_file, raw / f"{eval_set.name}.{src}", raw / f"{eval_set.name}.{tgt}")
+        print(f"   {extra.name}: {difference}: preparing, translating and scoring it again")
+        _remove(*r.raw.glob(f"{extra.name}.*"), *r.spm_dir.glob(f"{extra.name}.*"))
+        _remove(*r.bin_dir.glob(f"{subset}.*"), *_outputs(r.out, extra.name))
+    if not stage(f"3/7 {extra.name}: normalize, encode, fairseq-preprocess as {subset}", made):
+        return
+    r.settings.record(name, now)
+    _remove(*_outputs(r.out, extra.name))  # (any made from files of an earlier record)
+    a, b = r.recipe.langs
+    started = time.time()
+    write_extra_set(extra, r.raw, a, b)
+    pieces = [r.spm_dir / f"{extra.name}.{lang}" for lang in (a, b)]
+    text.encode_pairs(r.spm_dir / "spm.model", r.raw / f"{extra.name}.{a}", r.raw / f"{extra.name}.{b}", *pieces)
+    staging = r.bin_dir / f"{subset}.partial"  # fairseq-preprocess names its output test.*; renamed below
+    shutil.rmtree(staging, ignore_errors=True)
+    cmd = fairseq("preprocess") + [
+        "--source-lang", r.src, "--target-lang", r.tgt, "--joined-dictionary",
+        "--srcdict", r.bin_dir / f"dict.{r.src}.txt", "--testpref", r.spm_dir / extra.name,
+        "--destdir", staging, "--workers", 1,
+    ]  # fmt: skip
+    run(cmd)
+    for lang in (r.src, r.tgt):  # the target's index last: it marks the set done
+        for kind in ("bin", "idx"):
+            (staging / f"test.{r.pair}.{lang}.{kind}").rename(r.bin_dir / f"{subset}.{r.pair}.{lang}.{kind}")
+    shutil.rmtree(staging)
+    r.timings[extra.name] = time.time() - started
 
+
+def extra_set_settings(extra: EvalSet) -> Dict:
+    """What an extra test set's files and scores are made from: its files (path and content) and settings."""
+    return {
+        "source": _file_identity(extra.source),
+        "references": [_file_identity(path) for path in extra.references],
+        "min_len": extra.min_len,
+        "rouge_recall_bytes": extra.rouge_recall_bytes,
+    }
+
+
+def _file_identity(path: Path) -> str:
+    """``/abs/path (sha256 0123456789ab)``: a file given again under another name, or changed in place, differs."""
+    digest = hashlib.sha256(path.read_bytes()).hexdigest()[:12]
+    return f"{path.resolve()} (sha256 {digest})"
+
+
+def train_stage(r: RecipeCommand) -> None:
+    """Stage 4: checkpoints/, train.log. An interrupted training resumes from checkpoint_last.pt (fairseq's
+    default --restore-file), and so does a training told to go on (train.done deleted), with this command's
+    settings."""
+    ckpt, args, train_args = r.ckpt, r.args, r.train_args
+    if (ckpt / "train.done").exists():
+        remedy = f"delete {folders(r.out, ckpt)} to train anew"
+        if r.settings.difference("train", {"arch": r.arch}) is None:  # (the same model: it can train on)
+            remedy += f", or only {ckpt.name}/train.done there to train on from its last checkpoint with this command"
+        r.settings.refuse_changed("train", r.made_with["train"], ckpt, remedy)
+    elif (ckpt / "checkpoint_last.pt").exists():  # (a training that resumes goes on with the same model only)
+        r.settings.refuse_changed("train", {"arch": r.arch}, ckpt, f"delete {folders(r.out, ckpt)} to train anew")
+    if not stage(f"4/7 fairseq-train --arch {r.arch}", ckpt / "train.done"):
+        return
+    import torch
+
+    ckpt.mkdir(parents=True, exist_ok=True)
+    fastest, notes = training.fastest_flags(r.arch, train_args, args.precision, torch.cuda.is_available())
+    separate = r.recipe.share_embeddings and args.separate_embeddings
+    model_flags, model_notes = training.embedding_flags(r.arch, train_args, r.recipe.share_embeddings, separate)
+    update_budget = args.update_budget
+    if update_budget is None and args.time_budget is None:
+        update_budget = r.recipe.update_budget
+    for note in [*notes, *model_notes, training.length_note(args.time_budget, update_budget, r.recipe.update_budget)]:
+        print(f"   {note}")
+    budget = args.time_budget is not None or bool(update_budget)
+    if budget and training.given_value(train_args, "--max-epoch") not in (None, "0"):
+        print("   warning: --max-epoch in --train-args can end training before the budget, unannealed")
+    cmd = train_command() + [
+        r.bin_dir, "--user-dir", USER_DIR, "--arch", r.recipe.arch, "--source-lang", r.src, "--target-lang", r.tgt,
+        *r.recipe.train_flags, *training.optimization_flags(args.time_budget, update_budget or None), *fastest,
+        *model_flags,
+        "--save-dir", ckpt, "--keep-last-epochs", max(args.average_last, 1),
+        "--skip-invalid-size-inputs-valid-test", "--log-format", "simple", "--log-interval", "100",
+        "--seed", "1", *device_flags(), *train_args,
+    ]  # fmt: skip
+    r.settings.record("train", r.made_with["train"])  # (at the start: an interrupted training resumes as it)
+    log = r.out / "train.log"
+    resuming = (ckpt / "checkpoint_last.pt").exists()
+    if log.exists() and not resuming:  # a model trained anew: the curve and compare.py read its log alone
+        earlier = _unused(log)
+        log.rename(earlier)
+        print(f"   the earlier model's training log kept as {earlier.name}")
+    r.timed("train", run, cmd, log=log, append=resuming)
+    (ckpt / "train.done").touch()
+    # a new model: the average and the outputs of an earlier model are stale (this is how "train longer" works:
+    # delete checkpoints/train.done and run again with a larger budget)
+    _remove(ckpt / "checkpoint_avg.pt", ckpt / "chosen.txt", r.out / "curve.png", *_outputs(r.out))
+    r.settings.forget("average", "generate")
+
+
+def model_stage(r: RecipeCommand) -> Path:
+    """Stage 5 (with --checkpoint avg or auto): the model to test."""
+    model = {"best": r.ckpt / "checkpoint_best.pt", "last": r.ckpt / "checkpoint_last.pt"}.get(r.args.checkpoint)
+    if r.args.checkpoint not in ("avg", "auto"):
+        if not model.exists():
+            raise text.DataError(f"{model} is not there (training without validation saves no best): --checkpoint auto")
+        return model
+    difference = r.settings.difference("average", r.made_with["average"])
+    if difference is not None:
+        print(f"   {difference}: averaging and generating again")
+        _remove(r.ckpt / "checkpoint_avg.pt", r.ckpt / "chosen.txt", *_outputs(r.out))
+        r.settings.forget("average", "generate")
+    fresh = not (r.ckpt / ("chosen.txt" if r.args.checkpoint == "auto" else "checkpoint_avg.pt")).exists()
+    model = average_and_choose(r.args, r.ckpt, r.bin_dir, r.src, r.tgt)
+    if fresh:
+        r.settings.record("average", r.made_with["average"])
+    return model
+
+
+def test_stage(r: RecipeCommand, index: int, model: Path) -> str:
+    """Stages 6 and 7 on ``eval_sets[index]``: its translations and score; returns the score's summary line."""
+    if index == 0:  # (once, before the first set)
+        difference = r.settings.difference("generate", r.made_with["generate"])
+        if difference is not None:
+            print(f"   {difference}: generating again")
+            _remove(*_outputs(r.out))
+            r.settings.forget("generate")
+    eval_set, args = r.eval_sets[index], r.args
+    # file names carry the checkpoint, so --checkpoint best after --checkpoint avg generates again
+    tag = f"{eval_set.name}.{args.checkpoint}"
+    generated, hyp_file, score_file = r.out / f"generate-{tag}.txt", r.out / f"{tag}.hyp", r.out / f"score-{tag}.txt"
+    if stage(f"6/7 fairseq-generate --beam 5 on {eval_set.name} ({model.name})", generated):
+        cmd = fairseq("generate") + [
+            r.bin_dir, "--user-dir", USER_DIR, "--path", model, "--source-lang", r.src, "--target-lang", r.tgt,
+            "--gen-subset", r.subset(index), "--beam", "5", "--min-len", eval_set.min_len, "--batch-size", "64",
+            "--remove-bpe", "sentencepiece",
+            "--required-batch-size-multiple", "1",  # else fairseq may drop the last sentences (issue 5036)
+            *r.recipe.generate_flags, *device_flags(), *shlex.split(args.generate_args),
+        ]  # fmt: skip
+        # the per-sentence S-/T-/H-/D-/P- lines go to the file only
+        partial = generated.with_name(generated.name + ".partial")
+        r.timed(f"generate {eval_set.name}", run, cmd, log=partial, quiet=("S-", "T-", "H-", "D-", "P-"))
+        write_hypotheses(partial, hyp_file, len(text.read_lines(r.raw / f"{eval_set.name}.{r.src}")))
+        partial.rename(generated)
+        r.settings.record("generate", r.made_with["generate"])
+    if stage(f"7/7 score {eval_set.name}", score_file):
+        score_file.write_text(score(r.recipe, eval_set, hyp_file, r.raw, r.tgt) + "\n")
+    show_examples(hyp_file, r.raw / f"{eval_set.name}.{r.src}", r.raw / f"{eval_set.name}.{r.tgt}")
+    return f"{eval_set.name} ({model.name}): {score_file.read_text().strip()}"
+
+
+def report(r: RecipeCommand, model: Path, summary: Sequence[str]) -> None:
+    """The scores, the time each stage took (also added to OUT/timings.txt), and how to translate other text."""
     print("\n== results")
     for line in summary:
         print(line)
-    if recipe.reference:
-        print(f"for comparison: {recipe.reference}")
-    for name, seconds in timings.items():
+    if r.recipe.reference:
+        print(f"for comparison: {r.recipe.reference}")
+    for name, seconds in r.timings.items():
         print(f"   {name}: {seconds / 60:.1f} min")
-    with open(out / "timings.txt", "a", encoding="utf-8") as f:
-        f.writelines(f"{name}\t{seconds:.0f} s\n" for name, seconds in timings.items())
-    print(
-        "translate your own text:\n"
-        f"   fairseq-interactive {bin_dir} --user-dir {USER_DIR} --path {model} --beam 5 "
-        f"--source-lang {src} --target-lang {tgt} --bpe sentencepiece --sentencepiece-model {spm_model}"
-        "   (add --cpu on a machine without a GPU)"
-    )
+    with open(r.out / "timings.txt", "a", encoding="utf-8") as f:
+        f.writelines(f"{name}\t{seconds:.0f} s\n" for name, seconds in r.timings.items())
+    interactive = [
+        "fairseq-interactive", r.bin_dir, "--user-dir", USER_DIR, "--path", model, "--beam", "5",
+        "--source-lang", r.src, "--target-lang", r.tgt, "--bpe", "sentencepiece",
+        "--sentencepiece-model", r.spm_dir / "spm.model",
+    ]  # fmt: skip
+    print(f"translate your own text:\n   {shlex.join(map(str, interactive))}   (add --cpu on a machine without a GPU)")
 
 
 def stage_settings(args: argparse.Namespace, src: str, tgt: str, arch: str) -> Dict[str, Dict]:
@@ -501,9 +620,9 @@ def stage_settings(args: argparse.Namespace, src: str, tgt: str, arch: str) -> D
     return made_with
 
 
-def _outputs(out: Path) -> List[Path]:
-    """The generation outputs and scores in ``out``, of every test set and model."""
-    return [*out.glob("generate-*.txt"), *out.glob("*.hyp"), *out.glob("score-*")]
+def _outputs(out: Path, name: str = "*") -> List[Path]:
+    """The generation outputs and scores in ``out`` of the test set ``name`` (default: every set), every model."""
+    return [*out.glob(f"generate-{name}.*.txt"), *out.glob(f"{name}.*.hyp"), *out.glob(f"score-{name}.*.txt")]
 
 
 def _remove(*paths: Path) -> None:
@@ -570,8 +689,8 @@ def average_and_choose(args, ckpt: Path, bin_dir: Path, src: str, tgt: str) -> P
     return choice.path
 
 
-def prepare_raw(recipe: Recipe, args, raw: Path, eval_sets: Sequence[EvalSet]) -> None:
-    """Stage 1: raw/<split>.<lang> for train, valid and every test set, normalized, one sentence a line."""
+def prepare_raw(recipe: Recipe, args, raw: Path) -> None:
+    """Stage 1: raw/<split>.<lang> for train, valid and test, normalized, one sentence a line."""
     if args.raw_dir is not None:
         source_dir = args.raw_dir
     elif recipe.download is not None:
@@ -582,29 +701,32 @@ def prepare_raw(recipe: Recipe, args, raw: Path, eval_sets: Sequence[EvalSet]) -
     a, b = recipe.langs
     for split in SPLITS:
         if (raw / f"{split}.{b}").exists():
-            continue  # written by an earlier run (this one only adds a test set)
+            continue  # written before an interrupt
         name = {lang: recipe.raw_pattern.format(prefix=recipe.raw_prefixes[split], lang=lang) for lang in (a, b)}
         limit = args.max_train_lines if split == "train" else recipe.max_valid_lines if split == "valid" else None
         read_from = [text.find_raw_file(source_dir, name[lang]) for lang in (a, b)]  # (plain or .gz)
         pairs = text.read_pairs(*read_from, limit)
         n = text.write_normalized_pairs(pairs, raw / f"{split}.{a}", raw / f"{split}.{b}", recipe.fix_line)
         print(f"   {split}: {n} pairs from {read_from[0]} and {read_from[1].name}")
-    for extra in eval_sets[1:]:
-        # an extra test set: its source in the first language, its references (one or more) in the second
-        refs = [text.read_lines(p) for p in extra.references]
-        sources = text.read_lines(extra.source)
-        for path, lines in zip(extra.references, refs):
-            if len(lines) != len(sources):
-                raise text.DataError(f"{path} has {len(lines)} lines, {extra.source} has {len(sources)}")
-        (raw / f"{extra.name}.{a}").write_text("".join(text.normalize(s) + "\n" for s in sources), encoding="utf-8")
-        for k, lines in enumerate(refs):
-            suffix = "" if k == 0 else f".ref{k}"
-            with open(raw / f"{extra.name}.{b}{suffix}", "w", encoding="utf-8") as f:
-                f.writelines(text.normalize(line) + "\n" for line in lines)
-        print(f"   {extra.name}: {len(sources)} sources, {len(refs)} references each")
 
 
-def prepare_pieces(recipe: Recipe, args, raw: Path, spm_dir: Path, eval_sets: Sequence[EvalSet]) -> None:
+def write_extra_set(extra: EvalSet, raw: Path, a: str, b: str) -> None:
+    """raw/<name>.<a> (the sources) and raw/<name>.<b>[.ref<k>] (one or more references) of an extra test set."""
+    refs = [text.read_lines(p) for p in extra.references]
+    sources = text.read_lines(extra.source)
+    for path, lines in zip(extra.references, refs):
+        if len(lines) != len(sources):
+            raise text.DataError(f"{path} has {len(lines)} lines, {extra.source} has {len(sources)}")
+    raw.mkdir(parents=True, exist_ok=True)
+    for k, lines in enumerate(refs):
+        suffix = "" if k == 0 else f".ref{k}"
+        with open(raw / f"{extra.name}.{b}{suffix}", "w", encoding="utf-8") as f:
+            f.writelines(text.normalize(line) + "\n" for line in lines)
+    (raw / f"{extra.name}.{a}").write_text("".join(text.normalize(s) + "\n" for s in sources), encoding="utf-8")
+    print(f"   {extra.name}: {len(sources)} sources, {len(refs)} references each")
+
+
+def prepare_pieces(recipe: Recipe, args, raw: Path, spm_dir: Path) -> None:
     """Stage 2: learn the joint sentencepiece model on train, then encode every split (filtering train/valid)."""
     spm_dir.mkdir(parents=True, exist_ok=True)
     a, b = recipe.langs
@@ -618,7 +740,7 @@ def prepare_pieces(recipe: Recipe, args, raw: Path, spm_dir: Path, eval_sets: Se
             recipe.character_coverage,
             args.workers,
         )
-    for name in ["train", "valid"] + [e.name for e in eval_sets]:
+    for name in SPLITS:
         filtered = name in ("train", "valid")
         kept, read = text.encode_pairs(
             model,
@@ -631,7 +753,7 @@ def prepare_pieces(recipe: Recipe, args, raw: Path, spm_dir: Path, eval_sets: Se
             threads=args.workers,
         )
         print(f"   {name}: {kept} of {read} pairs" + (" kept by the length/ratio filter" if filtered else ""))
-    (spm_dir / f"{eval_sets[-1].name}.done").touch()
+    (spm_dir / "test.done").touch()
 
 
 _DETOK = re.compile(r"^D-(\d+)\t[^\t]*\t(.*)$")

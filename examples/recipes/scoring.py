@@ -5,8 +5,14 @@ python examples/recipes/scoring.py rouge --hyp test.hyp --ref ref0.txt ref1.txt 
 """
 
 import argparse
+import sys
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence
+
+if __package__ in (None, ""):  # run as a script: import the recipes package beside this file
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from recipes import text  # noqa: E402
 
 ROUGE_TYPES = ("rouge1", "rouge2", "rougeL")
 
@@ -67,7 +73,9 @@ def format_rouge(scores: Dict[str, float], recall_bytes: Optional[int] = None) -
 
 
 def _read(path: Path) -> List[str]:
-    return path.read_text(encoding="utf-8").splitlines()
+    """The lines of a UTF-8 file, ended by "\n" (or "\r\n") only, as fairseq writes them: a U+2028 or a form feed
+    inside a sentence does not split it (``str.splitlines`` did, and the hypotheses lost their alignment)."""
+    return [line.removesuffix("\r") for line in text.read_lines(path)]
 
 
 def main(argv=None):
@@ -77,8 +85,11 @@ def main(argv=None):
     parser.add_argument("--ref", type=Path, nargs="+", required=True, help="reference file(s), aligned with --hyp")
     parser.add_argument("--recall-bytes", type=int, help="ROUGE recall of hypotheses cut to this many bytes (DUC)")
     args = parser.parse_args(argv)
-    hyps = _read(args.hyp)
-    refs = [_read(p) for p in args.ref]
+    try:
+        hyps = _read(args.hyp)
+        refs = [_read(p) for p in args.ref]
+    except (OSError, text.DataError) as error:
+        parser.error(str(error))
     for path, ref in zip(args.ref, refs):
         if len(ref) != len(hyps):
             parser.error(f"{path} has {len(ref)} lines, {args.hyp} has {len(hyps)}")
