@@ -149,17 +149,27 @@ def test_a_test_set_one_run_lacks_is_named(two_runs, capsys):
     assert row(output, "convs2s_s1")[12] == "-"  # its test.best column
 
 
+def test_runs_on_other_test_sets_get_the_table_and_curves_without_a_paired_test(two_runs, tmp_path, capsys):
+    """Runs of two directions (or corpora) stopped the command after the table, with no picture: their references
+    differ, so only the paired test is left out."""
+    a, b, *_ = two_runs
+    (b / "raw" / "test.de").write_text("other\n" * 200)
+    compare.main([str(a), str(b), "--png", str(tmp_path / "c.png")])
+    output = capsys.readouterr().out
+    assert "test.auto: no paired test: the references of fconv_s1 are not convs2s_s1's" in output
+    assert row(output, "fconv_s1")[0] == "fconv_s1" and (tmp_path / "c.png").stat().st_size > 0
+
+
 @pytest.mark.parametrize(
     "breakage, message",
     [
         (lambda a, b: (b / "train.log").unlink(), "fconv_s1: no train.log, so not a recipe's output folder"),
         (lambda a, b: (b / "train.log").write_text("nothing\n"), "no fairseq-train configuration line"),
-        (lambda a, b: (b / "raw" / "test.de").write_text("other\n" * 200), "references differ from"),
         (lambda a, b: (b / "test.auto.hyp").unlink(), "test.auto.hyp is missing beside score-test.auto.txt"),
         (lambda a, b: (b / "test.auto.hyp").write_text("one\n"), "test.auto.hyp: 1 lines against 200 references"),
         (lambda a, b: (a / "raw" / "test.de").unlink(), "test.de is missing: the recipe's references for test"),
     ],
-    ids=["no-log", "no-config", "other-test-set", "no-hyp", "short-hyp", "no-refs"],
+    ids=["no-log", "no-config", "no-hyp", "short-hyp", "no-refs"],
 )
 def test_bad_folders_are_messages(two_runs, breakage, message):
     a, b, *_ = two_runs
