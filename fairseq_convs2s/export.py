@@ -170,6 +170,7 @@ def write_folder(files: dict, out_dir: Path, sentencepiece_model=None) -> None:
     out_dir = out_dir.resolve()
     parent = out_dir.parent
     tmp = Path(tempfile.mkdtemp(dir=parent, prefix=f".{out_dir.name}.export."))
+    old = None
     try:
         for name, content in files.items():
             if isinstance(content, bytes):
@@ -179,7 +180,6 @@ def write_folder(files: dict, out_dir: Path, sentencepiece_model=None) -> None:
         if sentencepiece_model is not None:
             shutil.copyfile(sentencepiece_model, tmp / SENTENCEPIECE)
         os.chmod(tmp, 0o777 & ~current_umask())
-        old = None
         if out_dir.exists():
             old = parent / f".{out_dir.name}.replaced"
             shutil.rmtree(old, ignore_errors=True)
@@ -187,7 +187,9 @@ def write_folder(files: dict, out_dir: Path, sentencepiece_model=None) -> None:
         os.replace(tmp, out_dir)
         if old is not None:
             shutil.rmtree(old, ignore_errors=True)
-    except BaseException:
+    except BaseException:  # (an interrupt between the two renames: the earlier export is put back)
+        if old is not None and old.exists() and not out_dir.exists():
+            os.replace(old, out_dir)
         shutil.rmtree(tmp, ignore_errors=True)
         raise
 
@@ -271,9 +273,15 @@ def main(argv=None) -> int:
     except (ExportError, ConversionError, ValueError) as e:
         print(f"export: error: {e}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt:
+        print(f"export: interrupted; {args.out_dir} is as it was", file=sys.stderr)
+        return 130
     for warning in warnings:
         print(f"export: warning: {warning}", file=sys.stderr)
-    print(f"wrote {args.out_dir}; translate with: python -m convs2s_runtime {args.out_dir}")
+    try:
+        print(f"wrote {args.out_dir}; translate with: python -m convs2s_runtime {args.out_dir}", flush=True)
+    except BrokenPipeError:  # (export ... | head: the folder is written; the reader went before this line)
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
     return 0
 
 

@@ -479,6 +479,41 @@ def test_export_through_a_link_writes_the_folder_it_points_to(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint.pt", "data", "link", "real"]
 
 
+def test_an_interrupted_export_leaves_the_earlier_one_and_a_reader_that_goes_ends_nothing(
+    tmp_path, monkeypatch, capsys
+):
+    """Ctrl-C during an export was a traceback, and between its two renames left the earlier export only under a
+    hidden name; ``export ... | true`` wrote the folder, then a BrokenPipeError traceback."""
+    from fairseq_convs2s import export as export_module
+
+    checkpoint = _convs2s_checkpoint(tmp_path, "convs2s_iwslt_de_en", make_dictionary(25))
+    model = tmp_path / "model"
+    assert export_main([str(checkpoint), str(model)]) == 0
+    (model / "config.json").write_text(json.dumps({"format": "convs2s-runtime", "earlier": True}))
+    replaces = []
+
+    def interrupted_replace(src, dst):
+        replaces.append(dst)
+        if len(replaces) == 2:  # the new folder's rename into place
+            raise KeyboardInterrupt
+        os.rename(src, dst)
+
+    monkeypatch.setattr(export_module.os, "replace", interrupted_replace)
+    capsys.readouterr()
+    assert export_main([str(checkpoint), str(model)]) == 130
+    assert capsys.readouterr().err == f"export: interrupted; {model} is as it was\n"
+    monkeypatch.undo()
+    assert json.loads((model / "config.json").read_text())["earlier"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint.pt", "data", "model"]
+
+    cmd = [sys.executable, "-m", "fairseq_convs2s.export", str(checkpoint), str(tmp_path / "piped")]
+    proc = subprocess.Popen(cmd, stdout=PIPE, stderr=PIPE, cwd=tmp_path)
+    proc.stdout.close()  # (the reader gone before the export ends)
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=300) == 0 and "Traceback" not in err and "BrokenPipe" not in err, err
+    assert (tmp_path / "piped" / "config.json").exists()
+
+
 def test_export_checks_the_sentencepiece_model_and_the_languages(tmp_path, capsys):
     """A sentencepiece model that did not encode the data is refused (the runtime wrote garbage); a dictionary of
     pieces exported without one gets a warning; a checkpoint and data folder that do not say the languages ask for
