@@ -73,18 +73,20 @@ def test_finetunes_missing_or_unreadable_inputs_are_usage_errors(tmp_path):
         assert "Traceback" not in result.stderr and not (tmp_path / "out").exists()
 
 
-def test_finetune_carries_every_flag_that_shapes_the_model():
-    """finetune.py rebuilds a checkpoint's model from the flags it names: each field of the model's config must be
-    among them (the embedding files and --checkpoint-activations change no weight), or a checkpoint trained with
-    it would be rebuilt as another model."""
+def test_every_flag_that_shapes_the_model_is_carried_and_compared():
+    """finetune.py rebuilds a checkpoint's model from the flags structure.py names (and the trainer compares them
+    before training on from a checkpoint): each field of the model's config must be among them, or be one that
+    changes no weight's meaning (the embedding files, --checkpoint-activations, dropout), or a checkpoint trained
+    with it would be rebuilt, or trained on, as another model."""
     import dataclasses
 
     from fairseq_convs2s.models.config import ConvS2SConfig
+    from fairseq_convs2s.models.structure import STRUCTURE_FLAGS
 
-    finetune = _finetune()
     fields = {f.name for f in dataclasses.fields(ConvS2SConfig) if not f.name.startswith("_")}
     assert "share_all_embeddings" in fields
-    assert fields - {"encoder_embed_path", "decoder_embed_path", "checkpoint_activations"} <= set(finetune.MODEL_FIELDS)
+    unshaping = {"encoder_embed_path", "decoder_embed_path", "checkpoint_activations", "dropout"}
+    assert fields - unshaping <= set(STRUCTURE_FLAGS)
 
 
 def test_finetune_ends_a_failed_or_interrupted_command_in_one_line(tmp_path, monkeypatch, capsys):

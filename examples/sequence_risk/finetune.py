@@ -32,13 +32,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from recipes.pipeline import CommandFailed, count, errors_in_one_line, failure, fairseq, out_dir  # noqa: E402
 from recipes.settings import SettingsChanged  # noqa: E402
 
-# the model's own flags (fairseq_convs2s/models/config.py) and the task's position limits
-MODEL_FIELDS = (
-    "encoder_layers", "decoder_layers", "encoder_embed_dim", "decoder_embed_dim", "decoder_out_embed_dim",
-    "decoder_attention", "share_input_output_embed", "share_all_embeddings", "attention_scaling", "dropout",
-    "max_source_positions", "max_target_positions",
-)  # fmt: skip
-
 
 def command_flags(command: str) -> Dict[str, str]:
     """A recorded fairseq-train command's flags with their values (the words up to the next flag; "" for a switch);
@@ -73,6 +66,7 @@ def checkpoint_model_flags(checkpoint: Path) -> List[str]:
 
     import fairseq_convs2s  # noqa: F401  (lets torch's safe unpickler read fairseq's checkpoints)
     from fairseq_convs2s.compat.broken_checkpoints import BrokenCheckpoint
+    from fairseq_convs2s.models.structure import STRUCTURE_FLAGS
 
     try:
         state = checkpoint_utils.load_checkpoint_to_cpu(str(checkpoint))
@@ -81,7 +75,7 @@ def checkpoint_model_flags(checkpoint: Path) -> List[str]:
     model_cfg = state["cfg"]["model"]
     values = vars(model_cfg) if isinstance(model_cfg, Namespace) else dict(model_cfg)
     flags = ["--arch", str(values["arch"])]
-    for name in MODEL_FIELDS:
+    for name in (*STRUCTURE_FLAGS, "dropout"):  # (what the weights compute, the task's position limits; dropout)
         value = values.get(name)
         if value is None or value is False:
             continue

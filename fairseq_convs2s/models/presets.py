@@ -4,7 +4,11 @@ Widths and kernels are the paper's (Gehring et al. 2017, sections 4.2 and 6.3); 
 the same task differs, the comment says how, so a user can reproduce either.
 """
 
+from dataclasses import fields
+
 from fairseq.models import register_model_architecture
+
+from .config import ConvS2SConfig
 
 
 def _default(args, name, value):
@@ -14,20 +18,12 @@ def _default(args, name, value):
 
 @register_model_architecture("convs2s", "convs2s")
 def base_architecture(args):
-    """fconv's base model: 20 blocks of 512 with kernel 3 on each side."""
-    _default(args, "dropout", 0.1)
-    _default(args, "encoder_embed_dim", 512)
-    _default(args, "encoder_embed_path", None)
-    _default(args, "encoder_layers", "[(512, 3)] * 20")
-    _default(args, "decoder_embed_dim", 512)
-    _default(args, "decoder_embed_path", None)
-    _default(args, "decoder_layers", "[(512, 3)] * 20")
-    _default(args, "decoder_out_embed_dim", 256)
-    _default(args, "decoder_attention", "True")
-    _default(args, "share_input_output_embed", False)
-    _default(args, "share_all_embeddings", False)
-    _default(args, "attention_scaling", "fconv")
-    _default(args, "checkpoint_activations", False)
+    """fconv's base model: 20 blocks of 512 with kernel 3 on each side. Its values are the defaults of
+    :class:`ConvS2SConfig` (``config.py``), written once there; every preset ends here, so a checkpoint's args
+    that leave a flag out get the same default as the command line."""
+    for flag in fields(ConvS2SConfig):
+        if not flag.name.startswith("_"):  # (fairseq's own _name)
+            _default(args, flag.name, flag.default)
 
 
 @register_model_architecture("convs2s", "convs2s_iwslt_de_en")
