@@ -98,15 +98,27 @@ def missing_user_dir_message(path, arch: str) -> str:
 
 def mark_checkpoint_loads(module) -> None:
     """Wrap ``module.load_model_ensemble_and_task`` (``fairseq.checkpoint_utils``) so that :data:`LOADING_CHECKPOINT`
-    is True while it runs (idempotent: the hook and the plugin both call this)."""
+    is True while it runs (idempotent: the hook and the plugin both call this), and so that a model of an ensemble
+    that cannot be built or loaded (a ``ValueError``: the plugin's dictionary mismatch) is named: the message said
+    "the checkpoint's dictionary" of ``--path a.pt:b.pt`` without saying which. On that error only, each file is
+    loaded alone to find it."""
     load_ensemble = module.load_model_ensemble_and_task
     if is_replaced(load_ensemble):
         return
 
-    def load_model_ensemble_and_task(*args, **kwargs):
+    def load_model_ensemble_and_task(filenames, *args, **kwargs):
         token = LOADING_CHECKPOINT.set(True)
         try:
-            return load_ensemble(*args, **kwargs)
+            return load_ensemble(filenames, *args, **kwargs)
+        except ValueError as error:
+            if len(filenames) < 2:
+                raise
+            for k, filename in enumerate(filenames, 1):
+                try:
+                    load_ensemble([filename], *args, **kwargs)
+                except ValueError as alone:
+                    raise ValueError(f"{filename} (model {k} of the {len(filenames)} in --path): {alone}") from error
+            raise
         finally:
             LOADING_CHECKPOINT.reset(token)
 

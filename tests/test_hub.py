@@ -317,6 +317,22 @@ def test_a_reordered_dictionary_of_the_same_size_is_caught(spm_trained, tmp_path
     )
 
 
+def test_the_model_of_an_ensemble_that_does_not_fit_the_data_is_named(spm_trained):
+    """fairseq-generate --path a.pt:b.pt where b.pt was trained on another dictionary: the message said "the
+    checkpoint's" dictionary without saying which of the two."""
+    folder = spm_trained.folder
+    state = torch.load(spm_trained.ckpt / "checkpoint_last.pt", weights_only=False)
+    recorded = state["cfg"]["model"].source_dictionary_fingerprint
+    state["cfg"]["model"].source_dictionary_fingerprint = recorded.split(":")[0] + ":0123456789abcdef"
+    torch.save(state, folder / "ckpt" / "other.pt")
+    paths = "ckpt/checkpoint_last.pt:ckpt/other.pt"
+    proc = generate(folder, str(spm_trained.data), paths, "--gen-subset", "valid", check=False)
+    assert proc.returncode != 0 and "H-" not in proc.stdout, tail(proc)
+    assert "ValueError: ckpt/other.pt (model 2 of the 2 in --path): dictionary mismatch: the data's dict.src.txt" in (
+        proc.stderr
+    ), tail(proc)
+
+
 # ---- a stock fconv model in an archive-like directory ------------------------------------------------------------
 
 

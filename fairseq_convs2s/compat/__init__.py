@@ -40,7 +40,8 @@ FIXES: List[Fix] = [
     Fix(
         "build_to_load",
         checkpoints.build_models_to_load,
-        "a model loaded from a checkpoint reads its pre-trained embedding files again, failing where they are gone",
+        "a model loaded from a checkpoint reads its pre-trained embedding files again, failing where they are "
+        "gone; an ensemble (--path a.pt:b.pt) one of whose models does not fit the data is not named",
         "checkpoint_utils.load_model_ensemble_and_task (the same wrapper as the start-up hook's)",
     ),
     Fix(
