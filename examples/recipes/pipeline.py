@@ -374,7 +374,7 @@ class RecipeCommand:
 def run_stages(recipe: Recipe, args: argparse.Namespace, src: str, tgt: str) -> None:
     """The seven stages, each skipped when its output is there."""
     r = RecipeCommand(recipe, args, src, tgt)
-    refuse_another_commands_data(r)
+    refuse_data_of_another_command(r)
     data_stage(r)
     sentencepiece_stage(r)
     preprocess_stage(r)
@@ -388,7 +388,7 @@ def run_stages(recipe: Recipe, args: argparse.Namespace, src: str, tgt: str) -> 
     report(r, model, summary)
 
 
-def refuse_another_commands_data(r: RecipeCommand) -> None:
+def refuse_data_of_another_command(r: RecipeCommand) -> None:
     """The data, pieces and binarized data of another command are refused before anything runs."""
     kept = [("data", r.raw), ("sentencepiece", r.spm_dir), ("preprocess", r.bin_dir)]
     for k, (name, folder) in enumerate(kept):
