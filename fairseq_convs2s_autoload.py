@@ -44,22 +44,28 @@ PLUGIN = "fairseq_convs2s"
 # (marked here, or by the plugin through the same wrapper) or the plugin's own ``building_to_load``
 LOADING_CHECKPOINT: contextvars.ContextVar = contextvars.ContextVar("convs2s_loading_checkpoint", default=False)
 
-_MARK = "_convs2s_wrapper"
+_MARK = "_convs2s_fix"  # on a wrapper: the name of the fix it is (compat's table; "autoload" for the hook's own)
 
 
-def is_replaced(function) -> bool:
-    """Whether ``function`` is already one of the plugin's wrappers (:func:`replace`)."""
-    return getattr(function, _MARK, False)
+def is_replaced(function, fix: str) -> bool:
+    """Whether ``function`` is the wrapper of ``fix`` (:func:`replace`), or wraps it (through ``__wrapped__``): each
+    fix is installed once per process, and two fixes of one fairseq function are both installed, in either order."""
+    while function is not None:
+        if getattr(function, "__dict__", {}).get(_MARK) == fix:
+            return True
+        function = getattr(function, "__wrapped__", None)
+    return False
 
 
-def replace(owner, name: str, wrapper) -> None:
+def replace(owner, name: str, wrapper, fix: str) -> None:
     """Put ``wrapper`` in place of ``owner.<name>`` (a module's function or a class's method) with the original's
     name and docstring, the original reachable as ``__wrapped__`` (the tests call it to show what fairseq does
-    alone), and marked as the plugin's (:func:`is_replaced`), so that each fix is installed once per process."""
+    alone), and marked as ``fix``'s (:func:`is_replaced`; ``tests/test_layout.py`` holds that ``fix`` names a row
+    of compat's table)."""
     import functools
 
     functools.update_wrapper(wrapper, getattr(owner, name))
-    setattr(wrapper, _MARK, True)
+    setattr(wrapper, _MARK, fix)
     setattr(owner, name, wrapper)
 
 
@@ -103,7 +109,7 @@ def mark_checkpoint_loads(module) -> None:
     "the checkpoint's dictionary" of ``--path a.pt:b.pt`` without saying which. On that error only, each file is
     loaded alone to find it."""
     load_ensemble = module.load_model_ensemble_and_task
-    if is_replaced(load_ensemble):
+    if is_replaced(load_ensemble, "build_to_load"):
         return
 
     def load_model_ensemble_and_task(filenames, *args, **kwargs):
@@ -122,14 +128,14 @@ def mark_checkpoint_loads(module) -> None:
         finally:
             LOADING_CHECKPOINT.reset(token)
 
-    replace(module, "load_model_ensemble_and_task", load_model_ensemble_and_task)
+    replace(module, "load_model_ensemble_and_task", load_model_ensemble_and_task, "build_to_load")
 
 
 def wrap_load_checkpoint(module) -> None:
     """Replace ``module.load_checkpoint_to_cpu`` (``fairseq.checkpoint_utils``) by one that imports the plugin
     first when a convs2s checkpoint is read without it, and mark the calls of ``load_model_ensemble_and_task``."""
     original = module.load_checkpoint_to_cpu
-    if not is_replaced(original):
+    if not is_replaced(original, "autoload"):
 
         def load_checkpoint_to_cpu(path, *args, **kwargs):
             if PLUGIN not in sys.modules:
@@ -139,7 +145,7 @@ def wrap_load_checkpoint(module) -> None:
                     __import__(PLUGIN)
             return original(path, *args, **kwargs)
 
-        replace(module, "load_checkpoint_to_cpu", load_checkpoint_to_cpu)
+        replace(module, "load_checkpoint_to_cpu", load_checkpoint_to_cpu, "autoload")
     mark_checkpoint_loads(module)
 
 

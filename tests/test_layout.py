@@ -73,8 +73,14 @@ def test_no_import_cycle():
 
 
 @pytest.mark.parametrize("layer", ["fairseq_convs2s.modules", "fairseq_convs2s.models"])
-def test_the_paper_layers_import_no_criterion_hub_or_converter(layer):
-    forbidden = ("fairseq_convs2s.criterions", "fairseq_convs2s.convert_fconv", "fairseq_convs2s.train")
+def test_the_paper_layers_import_no_criterion_or_tool(layer):
+    forbidden = (
+        "fairseq_convs2s.criterions",
+        "fairseq_convs2s.convert_fconv",
+        "fairseq_convs2s.train",
+        "fairseq_convs2s.budget_schedule",
+        "fairseq_convs2s.export",
+    )
     for name, targets in _graph().items():
         if name.startswith(layer):
             assert not [t for t in targets if t.startswith(forbidden)], name
@@ -119,21 +125,107 @@ def test_no_file_is_over_the_limit():
     assert not long, f"over {MAX_LINES} lines: {long}"
 
 
-def test_every_fairseq_function_is_replaced_under_compat():
-    """The plugin's one way of replacing a fairseq function (``fairseq_convs2s_autoload.replace``) is called only
-    under ``compat/`` (and by the start-up hook itself), and nothing else assigns to a module or class attribute
-    outside the package's own objects."""
+def _root(node) -> str:
+    """``a`` of ``a.b.c`` (or of ``a.b(...).c``); "" for anything else."""
+    while isinstance(node, (ast.Attribute, ast.Call, ast.Subscript)):
+        node = node.func if isinstance(node, ast.Call) else node.value
+    return node.id if isinstance(node, ast.Name) else ""
+
+
+FAIRSEQ = ("fairseq", "fairseq_cli")
+
+
+def _imported_from_fairseq(tree) -> set:
+    """The names a module binds by importing from fairseq (its modules, classes and functions, whatever alias)."""
+    names = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names.update(a.asname or a.name.split(".")[0] for a in node.names if a.name.split(".")[0] in FAIRSEQ)
+        elif isinstance(node, ast.ImportFrom) and not node.level and node.module.split(".")[0] in FAIRSEQ:
+            names.update(a.asname or a.name for a in node.names)
+    return names
+
+
+def test_every_change_to_fairseq_is_made_under_compat():
+    """Outside ``compat/`` (and the start-up hook), nothing calls the plugin's way of replacing a fairseq function
+    (``fairseq_convs2s_autoload.replace``), assigns to an attribute of anything imported from fairseq
+    (``generate.main = ...``), or setattr()s one, whatever its alias; ``setattr`` goes to the package's own objects
+    only."""
     for name, path in _modules().items():
-        tree = ast.parse(path.read_text(encoding="utf-8"))
-        calls = [
-            n
-            for n in ast.walk(tree)
-            if isinstance(n, ast.Call) and getattr(n.func, "id", None) in ("replace", "setattr")
-        ]
         if name.startswith("fairseq_convs2s.compat"):
             continue
-        replaced = [ast.unparse(c) for c in calls if c.func.id == "replace"]
-        assert not replaced, (name, replaced)
-        for call in (c for c in calls if c.func.id == "setattr"):
-            owner = ast.unparse(call.args[0])
-            assert owner in ("args", "self", "wrapper"), (name, ast.unparse(call))
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        imported = _imported_from_fairseq(tree)
+        autoload = {a.asname or a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+        autoload &= {"fairseq_convs2s_autoload"}
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and node.module == "fairseq_convs2s_autoload":
+                assert "replace" not in [a.name for a in node.names], (name, ast.unparse(node))
+            if isinstance(node, ast.Attribute) and node.attr == "replace":
+                assert _root(node.value) not in autoload, (name, ast.unparse(node))
+            targets = node.targets if isinstance(node, ast.Assign) else [getattr(node, "target", None)]
+            if isinstance(node, (ast.Assign, ast.AugAssign, ast.AnnAssign)):
+                for target in targets:
+                    assert not (isinstance(target, ast.Attribute) and _root(target) in imported), (
+                        name,
+                        ast.unparse(node),
+                    )
+            if isinstance(node, ast.Call) and getattr(node.func, "id", None) in ("setattr", "delattr"):
+                owner = node.args[0]
+                assert _root(owner) not in imported and ast.unparse(owner) in ("args", "self", "wrapper"), (
+                    name,
+                    ast.unparse(node),
+                )
+
+
+def _replace_calls():
+    """(module, fairseq attribute name, fix name) of every ``replace(owner, name, wrapper, fix)`` under ``compat/``
+    and in the start-up hook."""
+    paths = {n: p for n, p in _modules().items() if n.startswith("fairseq_convs2s.compat")}
+    paths["fairseq_convs2s_autoload"] = ROOT / "fairseq_convs2s_autoload.py"
+    found = []
+    for name, path in paths.items():
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "replace":
+                assert len(node.args) == 4 and all(isinstance(a, ast.Constant) for a in (node.args[1], node.args[3])), (
+                    name,
+                    ast.unparse(node),
+                )
+                found.append((name, node.args[1].value, node.args[3].value))
+    return found
+
+
+def test_every_fix_has_its_row_in_the_compat_table():
+    """Each wrapper is marked with the name of a row of ``compat.FIXES`` (so that ``python -m
+    fairseq_convs2s.compat`` lists it and ``FAIRSEQ_CONVS2S_COMPAT_OFF`` can leave it out), the fairseq function it
+    replaces is named in that row's "wraps", and each row but a registration has a wrapper."""
+    from fairseq_convs2s.compat import FIXES
+
+    rows = {fix.name: fix for fix in FIXES}
+    calls = _replace_calls()
+    for module, attribute, fix in calls:
+        if fix == "autoload":  # (the start-up hook's own, with no row: it runs before the plugin is imported)
+            assert module == "fairseq_convs2s_autoload", (module, attribute)
+            continue
+        assert fix in rows, (module, attribute, fix)
+        assert attribute in rows[fix].wraps, (module, attribute, rows[fix].wraps)
+    wrapped = {fix for _, _, fix in calls}
+    assert {name for name, fix in rows.items() if "a registration" not in fix.wraps} <= wrapped
+
+
+def test_two_fixes_of_one_function_are_both_installed():
+    """A fix is installed once per process, and a second fix of the same fairseq function still is (the mark was
+    the function's: the second fix found it and silently left itself out)."""
+    from types import SimpleNamespace
+
+    from fairseq_convs2s_autoload import is_replaced, replace
+
+    owner = SimpleNamespace(main=lambda: ["fairseq"])
+    for fix in ("first", "second"):
+        if not is_replaced(owner.main, fix):
+            replace(owner, "main", lambda inner=owner.main, fix=fix: [fix, *inner()], fix)
+        if not is_replaced(owner.main, fix):  # (installed once)
+            replace(owner, "main", lambda: [], fix)
+    assert owner.main() == ["second", "first", "fairseq"]
+    assert is_replaced(owner.main, "first") and is_replaced(owner.main, "second")
+    assert not is_replaced(owner.main, "third")

@@ -1,6 +1,8 @@
 """examples/sequence_risk: summarize.py's table of several fine-tuning seeds and its paired statistic; finetune.py's
-usage errors."""
+usage errors and the model flags it reads from a checkpoint."""
 
+import argparse
+import dataclasses
 import json
 import math
 import re
@@ -9,10 +11,14 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 from cli_helpers import REPO_ROOT
+
+from fairseq_convs2s.models.config import ConvS2SConfig
 
 SCRIPT = REPO_ROOT / "examples" / "sequence_risk" / "summarize.py"
 FINETUNE = REPO_ROOT / "examples" / "sequence_risk" / "finetune.py"
+CONFIG_FIELDS = {f.name for f in dataclasses.fields(ConvS2SConfig) if not f.name.startswith("_")}
 
 
 def _results(folder, start, risk, token):
@@ -73,20 +79,39 @@ def test_finetunes_missing_or_unreadable_inputs_are_usage_errors(tmp_path):
         assert "Traceback" not in result.stderr and not (tmp_path / "out").exists()
 
 
-def test_every_flag_that_shapes_the_model_is_carried_and_compared():
-    """finetune.py rebuilds a checkpoint's model from the flags structure.py names (and the trainer compares them
-    before training on from a checkpoint): each field of the model's config must be among them, or be one that
-    changes no weight's meaning (the embedding files, --checkpoint-activations, dropout), or a checkpoint trained
-    with it would be rebuilt, or trained on, as another model."""
-    import dataclasses
-
-    from fairseq_convs2s.models.config import ConvS2SConfig
+def test_every_flag_that_shapes_the_model_is_compared():
+    """The trainer compares structure.py's flags before training on from a checkpoint: each field of the model's
+    config must be among them, or be one that changes no weight's meaning (the embedding files,
+    --checkpoint-activations, dropout), or a checkpoint trained with it would be trained on as another model."""
     from fairseq_convs2s.models.structure import STRUCTURE_FLAGS
 
-    fields = {f.name for f in dataclasses.fields(ConvS2SConfig) if not f.name.startswith("_")}
-    assert "share_all_embeddings" in fields
     unshaping = {"encoder_embed_path", "decoder_embed_path", "checkpoint_activations", "dropout"}
-    assert fields - unshaping <= set(STRUCTURE_FLAGS)
+    assert "share_all_embeddings" in CONFIG_FIELDS and CONFIG_FIELDS - unshaping <= set(STRUCTURE_FLAGS)
+
+
+def test_finetune_rebuilds_a_checkpoint_with_every_model_flag_it_was_trained_with(tmp_path):
+    """finetune.py rebuilds a checkpoint's model from the flags saved in it: every model flag not at its default
+    (the embedding files aside, whose vectors the weights replace), so that a flag added to the config is carried
+    without a list to add it to."""
+    defaults = {f.name: f.default for f in dataclasses.fields(ConvS2SConfig)}
+    given = {
+        "dropout": 0.3, "encoder_embed_dim": 64, "decoder_embed_dim": 64, "decoder_out_embed_dim": 64,
+        "encoder_layers": "[(64, 3)] * 2", "decoder_layers": "[(64, 5)] * 2", "decoder_attention": "[False, True]",
+        "share_input_output_embed": True, "share_all_embeddings": True, "attention_scaling": "paper",
+        "checkpoint_activations": True, "encoder_embed_path": "gone.txt", "decoder_embed_path": "gone.txt",
+        "max_source_positions": 300, "max_target_positions": 200,
+    }  # fmt: skip
+    assert CONFIG_FIELDS <= set(given) and all(given[name] != defaults[name] for name in CONFIG_FIELDS)
+    args = argparse.Namespace(arch="convs2s_iwslt_de_en", _name="convs2s_iwslt_de_en", **given)
+    state = {"cfg": {"model": args, "task": {"_name": "translation"}}, "model": {}, "extra_state": {}}
+    state["optimizer_history"] = [{"criterion_name": "x", "lr_scheduler_state": {"best": 5.0}, "num_updates": 1}]
+    torch.save(state, tmp_path / "checkpoint.pt")
+    flags = _finetune().checkpoint_model_flags(tmp_path / "checkpoint.pt")
+    expected = ["--arch", "convs2s_iwslt_de_en"]
+    for name, value in given.items():
+        if not name.endswith("_embed_path"):
+            expected += [f"--{name.replace('_', '-')}"] + ([] if value is True else [str(value)])
+    assert sorted(flags) == sorted(expected)
 
 
 def test_finetune_ends_a_failed_or_interrupted_command_in_one_line(tmp_path, monkeypatch, capsys):

@@ -7,19 +7,13 @@ from typing import List, Optional
 
 import torch
 from fairseq.data import Dictionary
-from fairseq.models import ARCH_CONFIG_REGISTRY
+from fairseq.models import ARCH_CONFIG_REGISTRY, ARCH_MODEL_REGISTRY
 
 import fairseq_convs2s  # noqa: F401  (registers the model)
 from fairseq_convs2s.models.convs2s import ConvS2SModel
 
-PRESETS = [
-    "convs2s",
-    "convs2s_iwslt_de_en",
-    "convs2s_wmt_en_ro",
-    "convs2s_wmt_en_de",
-    "convs2s_wmt_en_fr",
-    "convs2s_gigaword",
-]
+# every registered convs2s preset (a new one is tested without a list to add it to)
+PRESETS = sorted(name for name, model in ARCH_MODEL_REGISTRY.items() if model is ConvS2SModel)
 
 
 def make_dictionary(num_symbols: int = 20) -> Dictionary:

@@ -17,6 +17,7 @@ only paths are needed. Everything lands in --out; ``results.md`` holds the table
 """
 
 import argparse
+import dataclasses
 import json
 import re
 import subprocess
@@ -66,7 +67,7 @@ def checkpoint_model_flags(checkpoint: Path) -> List[str]:
 
     import fairseq_convs2s  # noqa: F401  (lets torch's safe unpickler read fairseq's checkpoints)
     from fairseq_convs2s.compat.broken_checkpoints import BrokenCheckpoint
-    from fairseq_convs2s.models.structure import STRUCTURE_FLAGS
+    from fairseq_convs2s.models.config import ConvS2SConfig
 
     try:
         state = checkpoint_utils.load_checkpoint_to_cpu(str(checkpoint))
@@ -75,7 +76,10 @@ def checkpoint_model_flags(checkpoint: Path) -> List[str]:
     model_cfg = state["cfg"]["model"]
     values = vars(model_cfg) if isinstance(model_cfg, Namespace) else dict(model_cfg)
     flags = ["--arch", str(values["arch"])]
-    for name in (*STRUCTURE_FLAGS, "dropout"):  # (what the weights compute, the task's position limits; dropout)
+    # every model flag (config.py) but the embedding files, whose vectors the checkpoint's weights replace
+    skipped = {"encoder_embed_path", "decoder_embed_path"}
+    names = [f.name for f in dataclasses.fields(ConvS2SConfig) if not f.name.startswith("_") and f.name not in skipped]
+    for name in (*names, "max_source_positions", "max_target_positions"):  # (and the task's position limits)
         value = values.get(name)
         if value is None or value is False:
             continue

@@ -67,15 +67,15 @@ def keep_every_sentence_at_inference() -> None:
 
     warn_on_dropped_sentences()
     get_train_iterator = Trainer.get_train_iterator
-    if not is_replaced(get_train_iterator):
+    if not is_replaced(get_train_iterator, "dropped_sentences"):
 
         def get_train_iterator_for_training(self, *args, **kwargs):
             with _batches_for("training"):
                 return get_train_iterator(self, *args, **kwargs)
 
-        replace(Trainer, "get_train_iterator", get_train_iterator_for_training)
+        replace(Trainer, "get_train_iterator", get_train_iterator_for_training, "dropped_sentences")
     get_batch_iterator = FairseqTask.get_batch_iterator
-    if not is_replaced(get_batch_iterator):
+    if not is_replaced(get_batch_iterator, "dropped_sentences"):
         signature = inspect.signature(get_batch_iterator)
 
         def get_batch_iterator_for_inference_unless_training(self, *args, **kwargs):
@@ -97,7 +97,9 @@ def keep_every_sentence_at_inference() -> None:
                         "alone)"
                     ) from None
 
-        replace(FairseqTask, "get_batch_iterator", get_batch_iterator_for_inference_unless_training)
+        replace(
+            FairseqTask, "get_batch_iterator", get_batch_iterator_for_inference_unless_training, "dropped_sentences"
+        )
 
 
 def left_out(indices, batches) -> np.ndarray:
@@ -113,7 +115,7 @@ def warn_on_dropped_sentences() -> None:
     hold fewer sentences than the indices it was given, batches for inference get the rest as one more batch, other
     batches stay as they are with a warning (idempotent)."""
     batch_by_size = data_utils.batch_by_size
-    if is_replaced(batch_by_size):
+    if is_replaced(batch_by_size, "dropped_sentences"):
         return
 
     signature = inspect.signature(batch_by_size)
@@ -141,14 +143,14 @@ def warn_on_dropped_sentences() -> None:
         )
         return batches
 
-    replace(data_utils, "batch_by_size", batch_by_size_and_warn)
+    replace(data_utils, "batch_by_size", batch_by_size_and_warn, "dropped_sentences")
 
 
 def refuse_empty_splits() -> None:
     """Wrap ``indexed_dataset.make_dataset`` (what fairseq's tasks load a binarized split with) to raise a
     ``ValueError`` naming an empty memory-mapped ``.bin`` file, where fairseq fails on it unnamed (idempotent)."""
     make_dataset = indexed_dataset.make_dataset
-    if is_replaced(make_dataset):
+    if is_replaced(make_dataset, "empty_splits"):
         return
 
     def make_dataset_or_refuse_empty(path, impl, *args, **kwargs):
@@ -161,4 +163,4 @@ def refuse_empty_splits() -> None:
             )
         return make_dataset(path, impl, *args, **kwargs)
 
-    replace(indexed_dataset, "make_dataset", make_dataset_or_refuse_empty)
+    replace(indexed_dataset, "make_dataset", make_dataset_or_refuse_empty, "empty_splits")

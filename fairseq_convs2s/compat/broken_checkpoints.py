@@ -31,7 +31,6 @@ from fairseq_convs2s_autoload import is_replaced, replace
 
 # (the checkpoint, the trainer) while a trainer loads (its resume from checkpoint_last.pt, --restore-file), else None
 _RESUMING: contextvars.ContextVar = contextvars.ContextVar("convs2s_resuming", default=None)
-_MARK = "_convs2s_names_broken_checkpoints"  # on our wrapper of load_checkpoint_to_cpu (the start-up hook's is not)
 
 
 class BrokenCheckpoint(ValueError):
@@ -156,7 +155,7 @@ def name_broken_checkpoints() -> None:
     from fairseq.trainer import Trainer
 
     load = checkpoint_utils.load_checkpoint_to_cpu
-    if not getattr(load, _MARK, False):
+    if not is_replaced(load, "broken_checkpoints"):
 
         def load_checkpoint_to_cpu(path, *args, **kwargs):
             try:
@@ -177,10 +176,9 @@ def name_broken_checkpoints() -> None:
                     raise ValueError(f"{path}: {problem}")
             return state
 
-        replace(checkpoint_utils, "load_checkpoint_to_cpu", load_checkpoint_to_cpu)
-        setattr(load_checkpoint_to_cpu, _MARK, True)
+        replace(checkpoint_utils, "load_checkpoint_to_cpu", load_checkpoint_to_cpu, "broken_checkpoints")
 
-    if not is_replaced(Trainer.load_checkpoint):
+    if not is_replaced(Trainer.load_checkpoint, "broken_checkpoints"):
         trainer_load = Trainer.load_checkpoint
 
         def load_checkpoint(self, filename, *args, **kwargs):
@@ -190,4 +188,4 @@ def name_broken_checkpoints() -> None:
             finally:
                 _RESUMING.reset(token)
 
-        replace(Trainer, "load_checkpoint", load_checkpoint)
+        replace(Trainer, "load_checkpoint", load_checkpoint, "broken_checkpoints")

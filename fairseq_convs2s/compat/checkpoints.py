@@ -51,9 +51,14 @@ def receive_broadcasts_whole() -> None:
     multi-process run could resume."""
     from fairseq.distributed import utils as distributed_utils
 
-    if is_replaced(distributed_utils._broadcast_object_slow):
+    if is_replaced(distributed_utils._broadcast_object_slow, "resume_ranks"):
         return
-    replace(distributed_utils, "_broadcast_object_slow", _receiving_whole(distributed_utils._broadcast_object_slow))
+    replace(
+        distributed_utils,
+        "_broadcast_object_slow",
+        _receiving_whole(distributed_utils._broadcast_object_slow),
+        "resume_ranks",
+    )
 
 
 def _receiving_whole(broadcast_object_slow):

@@ -33,7 +33,7 @@ logger = logging.getLogger("fairseq_convs2s.hub")
 def check_hub_inputs() -> None:
     """Wrap ``GeneratorHubInterface.sample`` and ``.generate`` (idempotent)."""
     hub = hub_utils.GeneratorHubInterface
-    if is_replaced(hub.generate):
+    if is_replaced(hub.generate, "hub_inputs"):
         return
     original_generate = hub.generate
     own_arguments = set(inspect.signature(original_generate).parameters)  # (taken by generate, not by the config)
@@ -83,8 +83,8 @@ def check_hub_inputs() -> None:
         found = iter(original_generate(self, kept, beam, verbose, **kwargs) if kept else [])
         return [[] if i in skipped else next(found) for i in range(len(tokenized_sentences))]
 
-    replace(hub, "sample", sample)
-    replace(hub, "generate", generate)
+    replace(hub, "sample", sample, "hub_inputs")
+    replace(hub, "generate", generate, "hub_inputs")
 
 
 def _checked_sentences(sentences) -> list:

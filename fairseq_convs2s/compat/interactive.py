@@ -47,7 +47,7 @@ def answer_skipped_lines() -> None:
     """Replace ``buffered_read`` and ``make_batches`` of the loaded ``fairseq-interactive`` module (idempotent; a
     no-op in a process that is not running it)."""
     for module in loaded_tool_modules(MODULE, "make_batches", "buffered_read"):
-        if is_replaced(module.make_batches):
+        if is_replaced(module.make_batches, "interactive_skipped_lines"):
             continue
         buffered_read, make_batches = module.buffered_read, module.make_batches
 
@@ -68,5 +68,5 @@ def answer_skipped_lines() -> None:
             if skipped and cfg.dataset.skip_invalid_size_inputs_valid_test and isinstance(lines, _Lines):
                 _answer_skipped(lines, skipped, cfg, task, max_positions, encode_fn)
 
-        replace(module, "buffered_read", buffered_read_counting)
-        replace(module, "make_batches", make_batches_answering_skipped)
+        replace(module, "buffered_read", buffered_read_counting, "interactive_skipped_lines")
+        replace(module, "make_batches", make_batches_answering_skipped, "interactive_skipped_lines")

@@ -34,8 +34,8 @@ def end_tools_quietly() -> None:
     a process that is not running one)."""
     for name, tool in TOOLS.items():
         for module in loaded_tool_modules(name, "main", "cli_main"):
-            if not is_replaced(module.main):
-                replace(module, "main", _ending_quietly(module.main, tool))
+            if not is_replaced(module.main, "quiet_exits"):
+                replace(module, "main", _ending_quietly(module.main, tool), "quiet_exits")
 
 
 def _ending_quietly(main, tool: str):

@@ -38,7 +38,7 @@ def fix_diverse_beam_search() -> None:
     """Wrap ``DiverseBeamSearch.step`` so that it indexes its overlap rows by position in the batch (idempotent)."""
     cls = search.DiverseBeamSearch
     original_step = cls.step
-    if is_replaced(original_step):
+    if is_replaced(original_step, "diverse_beam_search"):
         return
     if "original_batch_idxs" not in inspect.signature(original_step).parameters:
         return
@@ -57,14 +57,14 @@ def fix_diverse_beam_search() -> None:
             original_batch_idxs = positions_in_batch(self.ids_at_start, original_batch_idxs)
         return original_step(self, step, lprobs, scores, prev_output_tokens, original_batch_idxs)
 
-    replace(cls, "step", step_by_position)
+    replace(cls, "step", step_by_position, "diverse_beam_search")
 
 
 def refuse_empty_beams() -> None:
     """Wrap ``FairseqTask.build_generator`` (fairseq-generate, fairseq-interactive, the hub, ``--eval-bleu``) to
     refuse a ``--beam`` or ``--nbest`` below 1, and an ``--nbest`` above the beam (idempotent)."""
     original_build = FairseqTask.build_generator
-    if is_replaced(original_build):
+    if is_replaced(original_build, "refuse_empty_beams"):
         return
 
     def build_generator_checked(self, models, args, *rest, **kwargs):
@@ -80,4 +80,4 @@ def refuse_empty_beams() -> None:
             )
         return generator
 
-    replace(FairseqTask, "build_generator", build_generator_checked)
+    replace(FairseqTask, "build_generator", build_generator_checked, "refuse_empty_beams")

@@ -44,20 +44,20 @@ def skip_nonfinite_updates() -> None:
     under bf16 (and fp16 on a CPU) instead of stopping training (idempotent)."""
     from fairseq.trainer import Trainer
 
-    if is_replaced(Trainer.train_step):
+    if is_replaced(Trainer.train_step, "skip_nonfinite_updates"):
         return
-    replace(Trainer, "clip_grad_norm", _guard_clip_grad_norm(Trainer.clip_grad_norm))
-    replace(Trainer, "train_step", _skip_nonfinite_updates(Trainer.train_step))
+    replace(Trainer, "clip_grad_norm", _guard_clip_grad_norm(Trainer.clip_grad_norm), "skip_nonfinite_updates")
+    replace(Trainer, "train_step", _skip_nonfinite_updates(Trainer.train_step), "skip_nonfinite_updates")
 
 
 def copy_checkpoints_atomically() -> None:
     """Wrap ``PathManager.copy`` so that a checkpoint's extra copies are written whole or not at all (idempotent)."""
     from fairseq.file_io import PathManager
 
-    if is_replaced(PathManager.copy):
+    if is_replaced(PathManager.copy, "atomic_checkpoint_copies"):
         return
     copy = _atomic_copy(PathManager.copy)
-    replace(PathManager, "copy", copy)  # (called on the class, as fairseq calls it)
+    replace(PathManager, "copy", copy, "atomic_checkpoint_copies")  # (called on the class, as fairseq calls it)
 
 
 def save_and_stop_on_signals() -> None:
@@ -65,11 +65,13 @@ def save_and_stop_on_signals() -> None:
     (once a signal has reached any process: save, then stop) (idempotent)."""
     import fairseq_cli.train as fairseq_train
 
-    if is_replaced(fairseq_train.validate_and_save):
+    if is_replaced(fairseq_train.validate_and_save, "save_on_signals"):
         return
     stop = StopRequest()
-    replace(fairseq_train, "main", _handling_stop_signals(fairseq_train.main, stop))
-    replace(fairseq_train, "validate_and_save", _saving_when_asked(fairseq_train.validate_and_save, stop))
+    replace(fairseq_train, "main", _handling_stop_signals(fairseq_train.main, stop), "save_on_signals")
+    replace(
+        fairseq_train, "validate_and_save", _saving_when_asked(fairseq_train.validate_and_save, stop), "save_on_signals"
+    )
 
 
 class StopRequest:

@@ -1,8 +1,6 @@
 """The ``convs2s`` model: registration with fairseq, the command-line flags, building from a config."""
 
-import hashlib
 import logging
-import os
 from argparse import Namespace
 from typing import Optional
 
@@ -16,6 +14,7 @@ from ..modules.attention import value_scale_for
 from ..modules.weight_norm import WeightNorm
 from .config import DEFAULT_MAX_POSITIONS, ConvS2SConfig
 from .decoder import ConvS2SDecoder
+from .dictionaries import USE_THE_TRAINING_DICTIONARY, check_dictionaries, dictionary_fingerprint, dictionary_label
 from .encoder import ConvS2SEncoder
 from .layer_spec import LayerSpecError, parse_attention_spec, parse_attention_values, parse_layer_spec
 from .structure import difference, structure_of
@@ -84,7 +83,7 @@ class ConvS2SModel(FairseqEncoderDecoderModel):
         from .presets import base_architecture
 
         base_architecture(args)  # fill anything an older checkpoint or a bare --arch convs2s left out
-        _check_dictionaries(args, task)
+        check_dictionaries(args, task)
         cfg = ConvS2SConfig.from_namespace(args)
         encoder_layers = parse_layer_spec(cfg.encoder_layers, "--encoder-layers")
         decoder_layers = parse_layer_spec(cfg.decoder_layers, "--decoder-layers")
@@ -129,7 +128,7 @@ class ConvS2SModel(FairseqEncoderDecoderModel):
             embed_tokens=encoder.embed_tokens if share_all else None,
         )
         model = cls(encoder, decoder)
-        model.dictionary_labels = {side: _dictionary_label(task, side) for side in ("source", "target")}
+        model.dictionary_labels = {side: dictionary_label(task, side) for side in ("source", "target")}
         model.structure = structure_of(args)
         return model
 
@@ -177,7 +176,7 @@ class ConvS2SModel(FairseqEncoderDecoderModel):
                 label = getattr(self, "dictionary_labels", {}).get(side, f"{side} dictionary")
                 raise ValueError(
                     f"dictionary mismatch: the checkpoint's {side} dictionary has {weight.size(0)} entries, "
-                    f"the data's {label} has {rows}: {_USE_THE_TRAINING_DICTIONARY}"
+                    f"the data's {label} has {rows}: {USE_THE_TRAINING_DICTIONARY}"
                 )
         source, target = tables["source"], tables["target"]
         shared = self.encoder.embed_tokens is self.decoder.embed_tokens
@@ -187,12 +186,6 @@ class ConvS2SModel(FairseqEncoderDecoderModel):
                 "(--share-all-embeddings): build it as the checkpoint was trained, without the flag"
             )
         return super().load_state_dict(state_dict, strict=strict, model_cfg=model_cfg, args=args)
-
-
-_USE_THE_TRAINING_DICTIONARY = (
-    "use the dictionary the model was trained with (fairseq-preprocess --srcdict/--tgtdict with the training "
-    "data's dict files, or the checkpoint's own data dir)"
-)
 
 
 def _check_sizes(cfg: ConvS2SConfig, args: Namespace) -> None:
@@ -220,8 +213,8 @@ def _check_shared_embeddings(cfg: ConvS2SConfig, task) -> None:
     conditions. The paper ties nothing; on a small corpus with a joint sub-word vocabulary the one table trains
     each piece from both languages' sentences (examples/multi30k/README.md measures it)."""
     source, target = task.source_dictionary, task.target_dictionary
-    if _dictionary_fingerprint(source) != _dictionary_fingerprint(target):
-        labels = _dictionary_label(task, "source"), _dictionary_label(task, "target")
+    if dictionary_fingerprint(source) != dictionary_fingerprint(target):
+        labels = dictionary_label(task, "source"), dictionary_label(task, "target")
         raise ValueError(
             f"--share-all-embeddings needs one dictionary for both languages, but the {labels[0]} and the "
             f"{labels[1]} differ: preprocess with fairseq-preprocess --joined-dictionary"
@@ -236,52 +229,6 @@ def _check_shared_embeddings(cfg: ConvS2SConfig, task) -> None:
             "--share-all-embeddings reads pre-trained vectors from --encoder-embed-path only; "
             f"--decoder-embed-path ({cfg.decoder_embed_path}) would be a second table"
         )
-
-
-def _dictionary_fingerprint(dictionary) -> str:
-    """``"<entries>:<sha1 of the symbols in order>"``: two dictionaries agree on every token id iff these match."""
-    digest = hashlib.sha1("\n".join(dictionary.symbols).encode("utf-8")).hexdigest()[:16]
-    return f"{len(dictionary)}:{digest}"
-
-
-def _dictionary_label(task, side: str) -> str:
-    """How the user knows the task's dictionary: ``dict.de.txt in data-bin`` for the translation task."""
-    cfg = getattr(task, "cfg", None)
-    lang = getattr(cfg, f"{side}_lang", None)
-    data = getattr(cfg, "data", None)
-    label = f"dict.{lang}.txt" if lang else f"{side} dictionary"
-    return f"{label} in {str(data).split(os.pathsep)[0]}" if data else label
-
-
-def _check_dictionaries(args: Namespace, task) -> None:
-    """Record the dictionaries a model is built with in its args (which fairseq saves in every checkpoint), and
-    refuse to build a model from a checkpoint's args against different ones.
-
-    The embedding sizes catch a dictionary of another size (``load_state_dict``), but a dictionary of the same
-    size with other words or another order (fairseq pads sizes to a multiple of 8, so this is common) loads
-    silently and translates into garbage; the fingerprint catches that too. Checkpoints written before this
-    check, or converted from fconv, carry no fingerprint and get only the size check.
-    """
-    for side in ("source", "target"):
-        dictionary = getattr(task, f"{side}_dictionary")
-        current = _dictionary_fingerprint(dictionary)
-        recorded = getattr(args, f"{side}_dictionary_fingerprint", None)
-        if recorded is None:
-            setattr(args, f"{side}_dictionary_fingerprint", current)
-            continue
-        if recorded == current:
-            continue
-        trained_size = int(recorded.split(":")[0])
-        label = _dictionary_label(task, side)
-        if trained_size != len(dictionary):
-            problem = f"the checkpoint's {side} dictionary has {trained_size} entries, the data's {label} has "
-            problem += str(len(dictionary))
-        else:
-            problem = (
-                f"the data's {label} has the {trained_size} entries of the checkpoint's {side} dictionary but not "
-                "the same words in the same order"
-            )
-        raise ValueError(f"dictionary mismatch: {problem}: {_USE_THE_TRAINING_DICTIONARY}")
 
 
 def _argparse_type(parse, flag):

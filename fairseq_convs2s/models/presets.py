@@ -4,7 +4,7 @@ Widths and kernels are the paper's (Gehring et al. 2017, sections 4.2 and 6.3); 
 the same task differs, the comment says how, so a user can reproduce either.
 """
 
-from dataclasses import fields
+from dataclasses import MISSING, fields
 
 from fairseq.models import register_model_architecture
 
@@ -23,7 +23,7 @@ def base_architecture(args):
     that leave a flag out get the same default as the command line."""
     for flag in fields(ConvS2SConfig):
         if not flag.name.startswith("_"):  # (fairseq's own _name)
-            _default(args, flag.name, flag.default)
+            _default(args, flag.name, flag.default if flag.default is not MISSING else flag.default_factory())
 
 
 @register_model_architecture("convs2s", "convs2s_iwslt_de_en")
