@@ -134,7 +134,8 @@ class BudgetSchedule(FairseqLRScheduler):
         return {"best": self.best, "elapsed_seconds": self._local_seconds()}
 
     def load_state_dict(self, state_dict):
-        super().load_state_dict(state_dict)
-        # a checkpoint of another scheduler (a run continued under a budget) starts the budget's clock at 0
+        # a checkpoint of another scheduler (a run continued under a budget) starts the budget's clock at 0 and
+        # keeps that scheduler's best loss, where it kept one (fairseq's "fixed" keeps none: super() raised KeyError)
+        self.best = state_dict.get("best")
         self._previous_seconds = float(state_dict.get("elapsed_seconds", 0.0))
         self._started = self.clock()

@@ -170,6 +170,21 @@ def test_a_broken_checkpoint_last_on_resume_names_those_that_load(trained):
     assert "(epoch 1 @ 4 updates)" in resumed.stdout + resumed.stderr, tail(resumed)
 
 
+def test_a_flag_given_alike_is_not_named_as_differing():
+    """--decoder-attention True over three decoder layers means something else than over two, but the message
+    listed "--decoder-attention True there, True here" beside the layers that differ."""
+    from argparse import Namespace
+
+    from fairseq_convs2s.models.presets import convs2s_iwslt_de_en
+    from fairseq_convs2s.models.structure import difference, structure_of
+
+    theirs, ours = Namespace(arch="convs2s_iwslt_de_en"), Namespace(decoder_layers="[(256, 3)] * 4")
+    for args in (theirs, ours):
+        convs2s_iwslt_de_en(args)
+    found = difference(structure_of(ours), {"model": {}, "cfg": {"model": theirs}})
+    assert "(--decoder-layers [(256, 3)] * 3 there, [(256, 3)] * 4 here)" in found
+
+
 def test_training_on_from_another_model_names_the_flags(trained, tmp_path):
     """fairseq-train --restore-file (or --finetune-from-model, or its resume) of a checkpoint of another model than
     the command builds: one line naming each flag that differs with both values, before any update. Where the

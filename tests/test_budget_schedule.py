@@ -93,6 +93,16 @@ def test_a_resumed_run_goes_on_from_the_time_it_had_trained():
     assert resumed.step_update(71) == pytest.approx(LR * 0.25 / 0.5)  # 750 of 1000 s
 
 
+def test_a_run_of_another_schedule_goes_on_under_a_budget():
+    """A checkpoint of fairseq's default schedule ("fixed", whose state keeps no best loss) failed to load into the
+    budget's with a bare KeyError: 'best'; one that keeps a best loss passes it on."""
+    clock = FakeClock()
+    for state, best in (({"lr": 0.1}, None), ({"best": 3.5}, 3.5)):
+        scheduler = schedule(seconds=100, clock=clock)
+        scheduler.load_state_dict(state)
+        assert scheduler.best == best and scheduler.step_update(1) == LR  # (the budget's clock starts at 0)
+
+
 def test_what_it_refuses():
     with pytest.raises(ValueError, match="--stop-time-hours or --max-update"):
         schedule()

@@ -80,6 +80,8 @@ def difference(own: Dict[str, object], checkpoint: dict) -> Optional[str]:
     differing = [flag for flag in STRUCTURE_FLAGS if ours_meant[flag] != theirs_meant[flag]]
     if not differing:
         return None
+    # a flag given alike whose meaning follows another's ("--decoder-attention True" over other layers) goes unnamed
+    differing = [flag for flag in differing if str(own[flag]) != str(theirs[flag])] or differing
     listed = "; ".join(f"--{flag.replace('_', '-')} {theirs[flag]} there, {own[flag]} here" for flag in differing)
     return (
         f"its model is not the one this command builds ({listed}): give the checkpoint's values, or train anew "
