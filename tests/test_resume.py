@@ -230,6 +230,31 @@ def test_a_signal_saves_where_training_is_and_the_same_command_resumes_there(fol
     )
 
 
+def test_the_stop_names_the_flags_a_resume_must_leave_out(folder, signal_plugin, monkeypatch):
+    """A command with --reset-dataloader (or --restore-file of another checkpoint) run again would not resume from
+    the checkpoint it stopped at, as the line said it would: it would start the epoch (or the other checkpoint)
+    over."""
+    log = _stopped(folder, "stopped_reset", "SIGINT", signal_plugin, monkeypatch, "--reset-dataloader")
+    assert "the same command without --reset-dataloader resumes from it" in log, log[-3000:]
+
+
+def test_a_signal_in_the_last_update_of_an_epoch_validates_it_before_saving(folder, signal_plugin, monkeypatch):
+    """SIGINT during the epoch's last update: the epoch is validated, as at every epoch's end, before the save.
+    Saved unvalidated, the resume started the next epoch, and that epoch's validation and its checkpoint_best.pt
+    never came."""
+    monkeypatch.setenv("STOP_AT", "13")  # (13 updates an epoch)
+    monkeypatch.setenv("STOP_SIGNALS", "SIGINT")
+    preprocess(folder, "validated", trainpref="train", validpref="train")
+    cmd = launcher_cmd("validated", "stopped_at_the_end", *NO_INTERVAL, user_dir=signal_plugin)
+    cmd.remove("--disable-validation")
+    stopped = subprocess.run(cmd, cwd=folder, capture_output=True, text=True, timeout=600)
+    log = stopped.stdout + stopped.stderr
+    assert stopped.returncode == 130, log[-3000:]
+    assert "stopped by SIGINT after update 13 (epoch 1, batch 13 of 13)" in log, log[-3000:]
+    assert '"valid_num_updates": "13"' in log, log[-3000:]  # (the epoch validated: its json record)
+    assert checkpoint_updates(load_checkpoint(folder / "stopped_at_the_end" / "checkpoint_best.pt")) == 13
+
+
 def test_two_ranks_stop_after_the_same_update(folder, signal_plugin, monkeypatch):
     """Two gloo ranks: a SIGINT to rank 0 alone, or a SIGTERM to the launcher alone (forwarded to the ranks), stops
     both after update 6 (they agree after each update), checkpoint_last.pt saved there; the same command resumes

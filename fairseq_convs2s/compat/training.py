@@ -130,14 +130,20 @@ def _saving_when_asked(validate_and_save, stop: StopRequest):
     def wrapper(cfg, trainer, task, epoch_itr, valid_subsets, end_of_epoch):
         if not _agreed_to_stop(trainer, stop):
             return validate_and_save(cfg, trainer, task, epoch_itr, valid_subsets, end_of_epoch)
+        import fairseq_cli.train as fairseq_train
         from fairseq import checkpoint_utils
 
-        checkpoint_utils.save_checkpoint(cfg.checkpoint, trainer, epoch_itr, None)  # (no validation: no loss)
+        valid_loss = None
+        if end_of_epoch and _validates_at_the_end_of(epoch_itr.epoch, cfg, trainer):
+            # as fairseq does at an epoch's end: saved unvalidated, the resume started the next epoch, and this
+            # one's validation (its checkpoint_best.pt) never came
+            valid_loss = fairseq_train.validate(cfg, trainer, task, epoch_itr, valid_subsets)[0]
+        checkpoint_utils.save_checkpoint(cfg.checkpoint, trainer, epoch_itr, valid_loss)
         if cfg.checkpoint.no_save or cfg.checkpoint.no_last_checkpoints:
             saved = "nothing saved (--no-save or --no-last-checkpoints)"
         else:
             last = os.path.join(cfg.checkpoint.save_dir, f"checkpoint_last{trainer.checkpoint_suffix}.pt")
-            saved = f"saved {last}; the same command resumes from it"
+            saved = f"saved {last}; {_how_to_resume(cfg.checkpoint)}"
         if stop.announce:
             logger.warning(
                 "stopped by %s after update %d (epoch %d, batch %d of %d): %s",
@@ -152,6 +158,29 @@ def _saving_when_asked(validate_and_save, stop: StopRequest):
         raise SystemExit(130)
 
     return wrapper
+
+
+def _how_to_resume(checkpoint) -> str:
+    """How to go on from checkpoint_last.pt: the same command, unless it loads another checkpoint (--restore-file,
+    which it would load again) or resets what a resume needs (--reset-*: the batch order, the rate)."""
+    kept = [f"--restore-file {checkpoint.restore_file}"] if checkpoint.restore_file != "checkpoint_last.pt" else []
+    kept += [f"--{flag.replace('_', '-')}" for flag in RESETS if getattr(checkpoint, flag)]
+    if not kept:
+        return "the same command resumes from it"
+    return f"the same command without {' and '.join(kept)} resumes from it (with them, it would not go on from there)"
+
+
+RESETS = ("reset_dataloader", "reset_lr_scheduler", "reset_optimizer")
+
+
+def _validates_at_the_end_of(epoch: int, cfg, trainer) -> bool:
+    """Whether fairseq's ``validate_and_save`` validates at the end of ``epoch``."""
+    data = cfg.dataset
+    return (
+        not data.disable_validation
+        and epoch % data.validate_interval == 0
+        and trainer.get_num_updates() >= data.validate_after_updates
+    )
 
 
 def _agreed_to_stop(trainer, stop: StopRequest) -> bool:
