@@ -147,6 +147,51 @@ def test_a_broken_restore_file_is_named(trained):
     assert "num_updates" not in proc.stdout + proc.stderr
 
 
+def test_training_on_from_a_checkpoint_of_other_dictionaries_is_refused(trained):
+    """--restore-file of a checkpoint trained on other dictionaries: one of the same size in another order trained
+    on silently, the embeddings meaning other words; one of another size ended in fairseq's "please ensure that the
+    architectures match", the plugin's words in mid-traceback (so too for a checkpoint that records no
+    dictionary, as those written before the record)."""
+    folder = trained.folder
+    checkpoint = str(folder / "ckpt/checkpoint_last.pt")
+    state = torch.load(checkpoint, weights_only=False)
+    del state["cfg"]["model"].source_dictionary_fingerprint, state["cfg"]["model"].target_dictionary_fingerprint
+    torch.save(state, folder / "unrecorded.pt")
+    size = len((folder / "bin/dict.src.txt").read_text().splitlines()) + 4  # (and fairseq's 4 special symbols)
+    cases = [
+        ("reordered", reversed, checkpoint, f"has the {size} entries of the checkpoint's source dictionary but not"),
+        ("bigger", lambda lines: [*lines, *(f"extra{i} 1" for i in range(9))], checkpoint, f"has {size + 9}: use"),
+        ("bigger", None, str(folder / "unrecorded.pt"), f"has {size + 9}: use"),
+    ]
+    for data, change, restored, message in cases:
+        if change is not None:
+            shutil.copytree(folder / "bin", folder / data)
+            words = (folder / data / "dict.src.txt").read_text().splitlines()
+            (folder / data / "dict.src.txt").write_text("".join(line + "\n" for line in change(words)))
+        args = train_args(data, f"run_{data}", *TRAIN, "--restore-file", restored)
+        proc = run_cli("train", args, cwd=folder)
+        assert proc.returncode != 0, tail(proc)
+        line = _error_line(proc, "ValueError: ")
+        assert line.startswith(f"{restored}: dictionary mismatch: ") and message in line, line
+        assert "num_updates" not in proc.stdout + proc.stderr
+
+
+def test_a_restore_file_that_is_not_there_is_named_not_trained_over(trained):
+    """fairseq-train --restore-file of a misspelt path logged 'No existing checkpoint found', trained anew and
+    overwrote the checkpoints in --save-dir (checkpoint_best.pt of a longer run among them)."""
+    folder = trained.folder
+    shutil.copytree(folder / "ckpt", folder / "kept")
+    before = _listing(folder / "kept")
+    args = train_args("bin", "kept", *TRAIN, "--restore-file", str(folder / "kept/checkpoint_lats.pt"))
+    proc = run_cli("train", args, cwd=folder)
+    assert proc.returncode != 0, tail(proc)
+    assert _error_line(proc) == (
+        f"--restore-file {folder / 'kept/checkpoint_lats.pt'}: no such file (training would start anew and "
+        "overwrite the checkpoints in kept); leave the flag out to train anew"
+    )
+    assert "num_updates" not in proc.stdout + proc.stderr and _listing(folder / "kept") == before
+
+
 def test_a_broken_checkpoint_last_on_resume_names_those_that_load(trained):
     """fairseq-train restarted on a folder whose checkpoint_last.pt was cut short (a copy interrupted): the error
     names it and says which checkpoints there load, the most updates first, and the --restore-file to resume from;

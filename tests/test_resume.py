@@ -146,6 +146,7 @@ def test_checkpoint_copies_survive_a_kill_mid_copy(tmp_path, monkeypatch):
                 torch.load(last)
         else:
             assert torch.load(last)["num_updates"] == 4
+            assert not (tmp_path / f"{name}_checkpoint_last.pt.tmp").exists()  # (an error's partial copy: removed)
     # uninterrupted, the launcher's copy replaces the file
     _atomic_copy(stock_copy)(str(new), str(tmp_path / "launcher_checkpoint_last.pt"), overwrite=True)
     assert torch.load(tmp_path / "launcher_checkpoint_last.pt")["num_updates"] == 8
@@ -253,6 +254,45 @@ def test_a_signal_in_the_last_update_of_an_epoch_validates_it_before_saving(fold
     assert "stopped by SIGINT after update 13 (epoch 1, batch 13 of 13)" in log, log[-3000:]
     assert '"valid_num_updates": "13"' in log, log[-3000:]  # (the epoch validated: its json record)
     assert checkpoint_updates(load_checkpoint(folder / "stopped_at_the_end" / "checkpoint_best.pt")) == 13
+
+
+# a test-only plugin: the second checkpoint save writes a few bytes, then finds the disk full
+FULL_DISK_PLUGIN = """
+import errno
+
+import fairseq_convs2s  # noqa: F401  (the convs2s model)
+import torch
+
+save, saves = torch.save, []
+
+
+def save_until_the_disk_is_full(obj, f, *args, **kwargs):
+    saves.append(f)
+    if len(saves) < 2:
+        return save(obj, f, *args, **kwargs)
+    f.write(b"partial")
+    raise OSError(errno.ENOSPC, "No space left on device", getattr(f, "name", str(f)))
+
+
+torch.save = save_until_the_disk_is_full
+"""
+
+
+def test_a_full_disk_is_named_in_one_line_and_its_partial_files_removed(folder, tmp_path):
+    """The disk fills up during the second save (update 8): training ends in one line saying so, that the checkpoints
+    before are whole and how to go on, exit 1, the partial checkpoint_1_8.pt.tmp removed; checkpoint_last.pt (update
+    4) loads. Stock fairseq: a traceback, and the partial file left, still filling the disk."""
+    plugin = tmp_path / "full_disk_plugin"
+    plugin.mkdir()
+    (plugin / "__init__.py").write_text(FULL_DISK_PLUGIN)
+    proc = run_launcher(folder, "bin", "full_disk", *FLAGS, user_dir=plugin)
+    log = proc.stdout + proc.stderr
+    last = [line for line in log.splitlines() if "| ERROR |" in line][-1]  # (above it, fairseq logs its retries)
+    assert proc.returncode == 1 and "No space left on device writing " in last, log[-3000:]
+    assert "checkpoint_1_8.pt.tmp (after update 8): the checkpoints saved before it are whole" in last
+    assert last.endswith("run the same command to go on from checkpoint_last.pt")
+    assert sorted(p.name for p in (folder / "full_disk").iterdir()) == ["checkpoint_1_4.pt", "checkpoint_last.pt"]
+    assert checkpoint_updates(load_checkpoint(folder / "full_disk" / "checkpoint_last.pt")) == INTERVAL
 
 
 def test_two_ranks_stop_after_the_same_update(folder, signal_plugin, monkeypatch):

@@ -57,7 +57,8 @@ FIXES: List[Fix] = [
         "a truncated, empty, non-torch or non-fairseq checkpoint fails deep in torch or fairseq (OSError: [Errno "
         "22] Invalid argument, EOFError, KeyError: 'best_loss'), naming neither the file nor the problem; training "
         "on from a checkpoint of another model than the command builds lists missing keys, or, where the shapes "
-        "agree (another residual lookback), goes on silently",
+        "agree (another residual lookback), goes on silently; a --restore-file that is not there trains anew, "
+        "overwriting --save-dir's checkpoints",
         "checkpoint_utils.load_checkpoint_to_cpu, Trainer.load_checkpoint",
     ),
     Fix(
@@ -122,6 +123,13 @@ FIXES: List[Fix] = [
         training.save_and_stop_on_signals,
         "Ctrl-C or SIGTERM stops training at once with a traceback, losing every update since the last save",
         "fairseq_cli.train.main, fairseq_cli.train.validate_and_save",
+        training=True,
+    ),
+    Fix(
+        "full_disk",
+        training.name_a_full_disk,
+        "a disk that fills up during a save ends training in a traceback, leaving the save's partial .tmp files",
+        "fairseq_cli.train.validate_and_save",
         training=True,
     ),
     Fix(

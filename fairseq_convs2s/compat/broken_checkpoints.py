@@ -182,9 +182,21 @@ def name_broken_checkpoints() -> None:
         trainer_load = Trainer.load_checkpoint
 
         def load_checkpoint(self, filename, *args, **kwargs):
+            given = self.cfg.checkpoint.restore_file
+            if given != "checkpoint_last.pt" and not os.path.exists(str(filename)):  # (fairseq: trains anew, silently)
+                raise BrokenCheckpoint(
+                    f"--restore-file {filename}: no such file (training would start anew and overwrite the "
+                    f"checkpoints in {self.cfg.checkpoint.save_dir}); leave the flag out to train anew"
+                )
             token = _RESUMING.set((filename, self))
             try:
                 return trainer_load(self, filename, *args, **kwargs)
+            except Exception as error:
+                refusal = error.__context__
+                if type(error) is Exception and isinstance(refusal, ValueError):
+                    # fairseq's "please ensure that the architectures match" over the model's own words for why
+                    raise ValueError(f"{filename}: {refusal}") from None
+                raise
             finally:
                 _RESUMING.reset(token)
 

@@ -15,9 +15,14 @@ keeps fairseq's own behaviour.
   several processes, a signal to any of them stops all after the same update: after each update they agree through
   one all-reduce of one number. Stock fairseq stops at once with a traceback, losing every update since its last
   save (up to an epoch).
+- A disk that fills up during a save ends training in one line saying which file, that the checkpoints saved before
+  are whole, and how to go on; the save's partial ``.tmp`` files are removed (stock fairseq: a traceback, and the
+  partial files left, filling the disk).
 """
 
 import contextlib
+import errno
+import glob
 import logging
 import os
 import shutil
@@ -48,6 +53,38 @@ def skip_nonfinite_updates() -> None:
         return
     replace(Trainer, "clip_grad_norm", _guard_clip_grad_norm(Trainer.clip_grad_norm), "skip_nonfinite_updates")
     replace(Trainer, "train_step", _skip_nonfinite_updates(Trainer.train_step), "skip_nonfinite_updates")
+
+
+def name_a_full_disk() -> None:
+    """Wrap ``fairseq_cli.train.validate_and_save`` (outside the stop on signals: its saves too) so that a disk that
+    fills up during a save ends training in one line, the save's partial files removed (idempotent)."""
+    import fairseq_cli.train as fairseq_train
+
+    if is_replaced(fairseq_train.validate_and_save, "full_disk"):
+        return
+    validate_and_save = fairseq_train.validate_and_save
+
+    def validate_and_save_or_name_a_full_disk(cfg, trainer, *args, **kwargs):
+        try:
+            return validate_and_save(cfg, trainer, *args, **kwargs)
+        except OSError as error:
+            if error.errno not in (errno.ENOSPC, errno.EDQUOT):
+                raise
+            save_dir = cfg.checkpoint.save_dir
+            for partial in glob.glob(os.path.join(glob.escape(save_dir), "checkpoint*.pt.tmp")):
+                os.remove(partial)
+            written = error.filename2 or error.filename
+            logger.error(
+                "%s writing %s (after update %d): the checkpoints saved before it are whole, this save's partial "
+                "files removed; free space in %s and run the same command to go on from checkpoint_last.pt",
+                error.strerror,
+                written,
+                trainer.get_num_updates(),
+                save_dir,
+            )
+            raise SystemExit(1) from None
+
+    replace(fairseq_train, "validate_and_save", validate_and_save_or_name_a_full_disk, "full_disk")
 
 
 def copy_checkpoints_atomically() -> None:
@@ -268,8 +305,13 @@ def _atomic_copy(copy):
         if PathManager.path_requires_pathmanager(dst_path) or not overwrite and os.path.exists(dst_path):
             return copy(src_path, dst_path, overwrite=overwrite)
         tmp = dst_path + ".tmp"
-        shutil.copyfile(src_path, tmp)
-        os.replace(tmp, dst_path)  # the old file stays whole until the new one is
+        try:
+            shutil.copyfile(src_path, tmp)
+            os.replace(tmp, dst_path)  # the old file stays whole until the new one is
+        except BaseException:  # (a full disk: the partial copy would keep its space)
+            if os.path.exists(tmp):
+                os.remove(tmp)
+            raise
         return True
 
     return wrapper

@@ -14,7 +14,14 @@ from ..modules.attention import value_scale_for
 from ..modules.weight_norm import WeightNorm
 from .config import DEFAULT_MAX_POSITIONS, ConvS2SConfig
 from .decoder import ConvS2SDecoder
-from .dictionaries import USE_THE_TRAINING_DICTIONARY, check_dictionaries, dictionary_fingerprint, dictionary_label
+from .dictionaries import (
+    SIDES,
+    USE_THE_TRAINING_DICTIONARY,
+    check_dictionaries,
+    dictionary_difference,
+    dictionary_fingerprint,
+    dictionary_label,
+)
 from .encoder import ConvS2SEncoder
 from .layer_spec import LayerSpecError, parse_attention_spec, parse_attention_values, parse_layer_spec
 from .structure import difference, structure_of
@@ -128,15 +135,23 @@ class ConvS2SModel(FairseqEncoderDecoderModel):
             embed_tokens=encoder.embed_tokens if share_all else None,
         )
         model = cls(encoder, decoder)
-        model.dictionary_labels = {side: dictionary_label(task, side) for side in ("source", "target")}
+        model.dictionary_labels = {side: dictionary_label(task, side) for side in SIDES}
         model.structure = structure_of(args)
+        model.dictionary_fingerprints = {side: getattr(args, f"{side}_dictionary_fingerprint") for side in SIDES}
         return model
 
     def checkpoint_difference(self, checkpoint: dict) -> Optional[str]:
         """Why a loaded fairseq checkpoint cannot be trained on as this model (another kind, other layers or
-        settings: ``structure.py``), or None. fairseq-train asks before it loads one (``compat/
-        broken_checkpoints.py``)."""
-        return difference(self.structure, checkpoint) if hasattr(self, "structure") else None
+        settings: ``structure.py``; other dictionaries: ``dictionaries.py``), or None. fairseq-train asks before it
+        loads one (``compat/broken_checkpoints.py``)."""
+        if not hasattr(self, "structure"):
+            return None
+        found = difference(self.structure, checkpoint)
+        if found is None and checkpoint.get("cfg") is not None and checkpoint["cfg"].get("model") is not None:
+            found = dictionary_difference(
+                self.dictionary_fingerprints, self.dictionary_labels, checkpoint["cfg"]["model"]
+            )
+        return found
 
     def make_generation_fast_(self, **kwargs):
         """fairseq's preparation for inference (``prepare_for_inference_``: fairseq-generate, fairseq-interactive,

@@ -5,7 +5,9 @@ file, before it translates into garbage."""
 import hashlib
 import os
 from argparse import Namespace
+from typing import Dict, Optional
 
+SIDES = ("source", "target")
 USE_THE_TRAINING_DICTIONARY = (
     "use the dictionary the model was trained with (fairseq-preprocess --srcdict/--tgtdict with the training "
     "data's dict files, or the checkpoint's own data dir)"
@@ -36,23 +38,38 @@ def check_dictionaries(args: Namespace, task) -> None:
     silently and translates into garbage; the fingerprint catches that too. Checkpoints written before this
     check, or converted from fconv, carry no fingerprint and get only the size check.
     """
-    for side in ("source", "target"):
+    for side in SIDES:
         dictionary = getattr(task, f"{side}_dictionary")
         current = dictionary_fingerprint(dictionary)
         recorded = getattr(args, f"{side}_dictionary_fingerprint", None)
         if recorded is None:
             setattr(args, f"{side}_dictionary_fingerprint", current)
-            continue
-        if recorded == current:
-            continue
-        trained_size = int(recorded.split(":")[0])
-        label = dictionary_label(task, side)
-        if trained_size != len(dictionary):
-            problem = f"the checkpoint's {side} dictionary has {trained_size} entries, the data's {label} has "
-            problem += str(len(dictionary))
-        else:
-            problem = (
-                f"the data's {label} has the {trained_size} entries of the checkpoint's {side} dictionary but not "
-                "the same words in the same order"
-            )
-        raise ValueError(f"dictionary mismatch: {problem}: {USE_THE_TRAINING_DICTIONARY}")
+        elif recorded != current:
+            raise ValueError(mismatch(side, recorded, current, dictionary_label(task, side)))
+
+
+def mismatch(side: str, recorded: str, current: str, label: str) -> str:
+    """The message for the checkpoint's ``side`` dictionary (fingerprint ``recorded``) against the data's
+    (``current``, known to the user as ``label``)."""
+    trained_size, size = int(recorded.split(":")[0]), int(current.split(":")[0])
+    if trained_size != size:
+        problem = f"the checkpoint's {side} dictionary has {trained_size} entries, the data's {label} has {size}"
+    else:
+        problem = (
+            f"the data's {label} has the {trained_size} entries of the checkpoint's {side} dictionary but not the "
+            "same words in the same order"
+        )
+    return f"dictionary mismatch: {problem}: {USE_THE_TRAINING_DICTIONARY}"
+
+
+def dictionary_difference(fingerprints: Dict[str, str], labels: Dict[str, str], model_args) -> Optional[str]:
+    """Why a checkpoint whose model args are ``model_args`` cannot be trained on by a model built with the
+    dictionaries of ``fingerprints`` ({side: fingerprint}), or None (also where the checkpoint recorded none).
+    Asked before fairseq-train loads it: a dictionary of the same size loaded silently, and one of another size
+    ended in fairseq's "please ensure that the architectures match"."""
+    for side in SIDES:
+        key = f"{side}_dictionary_fingerprint"
+        recorded = model_args.get(key) if isinstance(model_args, dict) else getattr(model_args, key, None)
+        if recorded is not None and recorded != fingerprints[side]:
+            return mismatch(side, recorded, fingerprints[side], labels[side])
+    return None
