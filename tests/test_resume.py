@@ -256,6 +256,16 @@ def test_a_signal_in_the_last_update_of_an_epoch_validates_it_before_saving(fold
     assert checkpoint_updates(load_checkpoint(folder / "stopped_at_the_end" / "checkpoint_best.pt")) == 13
 
 
+def test_a_finished_run_run_again_trains_no_more(folder):
+    """The same command after a run reached its --max-update: nothing trained, the checkpoints as they were (fairseq
+    trained one more update, past the limit, and rewrote them)."""
+    check_ok(run_launcher(folder, "bin", "finished", *FLAGS))
+    before = (folder / "finished" / "checkpoint_last.pt").read_bytes()
+    again = check_ok(run_launcher(folder, "bin", "finished", *FLAGS))
+    assert update_records(again.stdout) == [] and "its --max-update 16 updates already" in again.stdout
+    assert (folder / "finished" / "checkpoint_last.pt").read_bytes() == before
+
+
 # a test-only plugin: the second checkpoint save writes a few bytes, then finds the disk full
 FULL_DISK_PLUGIN = """
 import errno

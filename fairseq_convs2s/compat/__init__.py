@@ -126,6 +126,13 @@ FIXES: List[Fix] = [
         training=True,
     ),
     Fix(
+        "finished_runs",
+        training.stop_a_finished_run,
+        "a finished --max-update run, run again, trains one update past its limit and rewrites its checkpoints",
+        "fairseq_cli.train.train",
+        training=True,
+    ),
+    Fix(
         "full_disk",
         training.name_a_full_disk,
         "a disk that fills up during a save ends training in a traceback, leaving the save's partial .tmp files",

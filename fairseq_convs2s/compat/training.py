@@ -15,6 +15,8 @@ keeps fairseq's own behaviour.
   several processes, a signal to any of them stops all after the same update: after each update they agree through
   one all-reduce of one number. Stock fairseq stops at once with a traceback, losing every update since its last
   save (up to an epoch).
+- A run that has reached its ``--max-update`` trains no more when run again (stock fairseq: one more update, and
+  the checkpoints rewritten with it).
 - A disk that fills up during a save ends training in one line saying which file, that the checkpoints saved before
   are whole, and how to go on; the save's partial ``.tmp`` files are removed (stock fairseq: a traceback, and the
   partial files left, filling the disk).
@@ -53,6 +55,30 @@ def skip_nonfinite_updates() -> None:
         return
     replace(Trainer, "clip_grad_norm", _guard_clip_grad_norm(Trainer.clip_grad_norm), "skip_nonfinite_updates")
     replace(Trainer, "train_step", _skip_nonfinite_updates(Trainer.train_step), "skip_nonfinite_updates")
+
+
+def stop_a_finished_run() -> None:
+    """Wrap ``fairseq_cli.train.train`` (an epoch of training) so that a run already at its ``--max-update`` trains
+    no more (idempotent): fairseq checks the limit after each update, so the same command run again trained one
+    update past it and rewrote checkpoint_last.pt and checkpoint_best.pt."""
+    import fairseq_cli.train as fairseq_train
+
+    if is_replaced(fairseq_train.train, "finished_runs"):
+        return
+    train = fairseq_train.train
+
+    def train_unless_finished(cfg, trainer, task, epoch_itr):
+        updates, limit = trainer.get_num_updates(), cfg.optimization.max_update
+        if 0 < limit <= updates:
+            logger.warning(
+                "this run has trained its --max-update %d updates already: nothing to train (a larger --max-update "
+                "trains on from here)",
+                limit,
+            )
+            return [None], True
+        return train(cfg, trainer, task, epoch_itr)
+
+    replace(fairseq_train, "train", train_unless_finished, "finished_runs")
 
 
 def name_a_full_disk() -> None:
