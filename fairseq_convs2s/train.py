@@ -12,7 +12,7 @@ Every flag is fairseq-train's and means what it means there; this only changes w
 - ``--bf16`` means bfloat16 on the device being trained on. Stock fairseq turns ``--bf16`` into ``--tpu`` and then
   fails without torch_xla; ``--tpu`` still asks for a TPU.
 - A non-finite gradient under ``--bf16`` (or ``--fp16`` on a CPU) skips its update with a warning, a kill while
-  fairseq copies a checkpoint leaves no truncated file, and Ctrl-C or SIGTERM saves where training is before it
+  fairseq copies a checkpoint leaves no truncated file, and Ctrl-C, SIGTERM or SIGHUP saves where training is before it
   stops (every rank after the same update): ``compat/training.py``, installed in every training process. With
   several ranks this process supervises them, on a CPU or fairseq's one per GPU (:func:`_run_ranks`): a signal
   sent to it alone reaches them, and the run ends in one line, exit 130.

@@ -206,10 +206,10 @@ def _stopped(folder, save_dir, signals, plugin, monkeypatch, *flags, run=run_lau
 
 
 def test_a_signal_saves_where_training_is_and_the_same_command_resumes_there(folder, signal_plugin, monkeypatch):
-    """SIGINT (Ctrl-C) or SIGTERM during update 6: the update finishes, checkpoint_last.pt is saved at it (epoch 1,
-    batch 6), exit 130 with one line and no traceback; the same command resumes at update 7 and ends with the
+    """SIGINT (Ctrl-C), SIGTERM or SIGHUP during update 6: the update finishes, checkpoint_last.pt is saved at it
+    (epoch 1, batch 6), exit 130 with one line and no traceback; the same command resumes at update 7 and ends with the
     parameters of a run never stopped, bit for bit. A second Ctrl-C stops at once, unsaved, also in one line."""
-    for name in ("SIGTERM", "SIGINT"):
+    for name in ("SIGTERM", "SIGHUP", "SIGINT"):  # (SIGHUP: a terminal closed; fairseq died unsaved)
         log = _stopped(folder, f"stopped_{name}", name, signal_plugin, monkeypatch)
         assert f"stopped by {name} after update {STOP_AT} (epoch 1, batch {STOP_AT} of 13): saved " in log
         assert [int(r["num_updates"]) for r in update_records(log)] == list(range(1, STOP_AT + 1))

@@ -9,12 +9,12 @@ keeps fairseq's own behaviour.
 - The extra copies of a checkpoint (``checkpoint_last.pt`` after ``checkpoint_3_500.pt``, ``checkpoint_best.pt``)
   are written to a temporary file and renamed, as fairseq already does for the first file; stock fairseq copies
   in place, so a kill during the copy leaves a truncated ``checkpoint_last.pt`` that the restart then fails to load.
-- SIGINT (Ctrl-C) or SIGTERM (a job scheduler, a recipe's driver) lets the update in flight finish, saves
-  ``checkpoint_last.pt`` where training is (mid-epoch too: with the data iterator's position, so the same command
-  resumes at the next update, as if never stopped) and exits with status 130; a second Ctrl-C stops at once. With
-  several processes, a signal to any of them stops all after the same update: after each update they agree through
-  one all-reduce of one number. Stock fairseq stops at once with a traceback, losing every update since its last
-  save (up to an epoch).
+- SIGINT (Ctrl-C), SIGTERM (a job scheduler, a recipe's driver) or SIGHUP (a closed terminal) lets the update in
+  flight finish, saves ``checkpoint_last.pt`` where training is (mid-epoch too: with the data iterator's position,
+  so the same command resumes at the next update, as if never stopped) and exits with status 130; a second Ctrl-C
+  stops at once. With several processes, a signal to any of them stops all after the same update: after each
+  update they agree through one all-reduce of one number. Stock fairseq stops at once with a traceback, losing
+  every update since its last save (up to an epoch; on SIGHUP, silently).
 - A run that has reached its ``--max-update`` trains no more when run again (stock fairseq: one more update, and
   the checkpoints rewritten with it).
 - A disk that fills up during a save ends training in one line saying which file, that the checkpoints saved before
@@ -145,8 +145,8 @@ class StopRequest:
         self.announce = True  # (one rank of several tells the user)
 
     def ask(self, signum, frame=None) -> None:
-        """A signal handler: the first SIGINT or SIGTERM asks for a stop after this update, a second SIGINT stops
-        at once (KeyboardInterrupt)."""
+        """A signal handler: the first SIGINT, SIGTERM or SIGHUP asks for a stop after this update, a second SIGINT
+        stops at once (KeyboardInterrupt)."""
         if self.signal is None:
             self.signal = signal.Signals(signum).name
             if self.announce:
@@ -174,12 +174,15 @@ def _handling_stop_signals(main, stop: StopRequest):
     return wrapper
 
 
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
 @contextlib.contextmanager
 def stop_signals_handled_by(handler) -> Iterator[None]:
-    """Inside, SIGINT and SIGTERM call ``handler``, and a system call that either signal interrupts restarts instead of
-    failing with EINTR (Python's default for its handlers; a rank's gloo calls should not see it); the handlers
-    before are put back on the way out."""
-    previous = {signum: signal.signal(signum, handler) for signum in (signal.SIGINT, signal.SIGTERM)}
+    """Inside, SIGINT, SIGTERM and SIGHUP (the terminal or ssh session closed: fairseq died unsaved) call
+    ``handler``, and a system call that one interrupts restarts instead of failing with EINTR (Python's default for
+    its handlers; a rank's gloo calls should not see it); the handlers before are put back on the way out."""
+    previous = {signum: signal.signal(signum, handler) for signum in STOP_SIGNALS}
     for signum in previous:
         signal.siginterrupt(signum, False)
     try:
