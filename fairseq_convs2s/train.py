@@ -26,7 +26,8 @@ Every flag is fairseq-train's and means what it means there; this only changes w
   warning says so.
 - With no GPU and no ``--cpu``, fairseq trains fp32 and ``--bf16`` on the CPU, but ``--fp16`` and several ranks
   fail inside torch, and ranks started by torchrun each train alone, into the same folder: a usage error says to
-  add ``--cpu``. A missing ``--arch`` is a usage error too (fairseq: a bare ``RuntimeError``).
+  add ``--cpu``. A missing ``--arch`` is a usage error too (fairseq: a bare ``RuntimeError``), and so is a
+  ``--save-dir`` nothing can be written in (fairseq: a traceback).
 """
 
 import ctypes
@@ -60,6 +61,7 @@ def main(argv: Optional[List[str]] = None) -> None:
         _usage_error(parser, "--arch is required, e.g. --arch convs2s_iwslt_de_en")
     args = options.parse_args_and_arch(parser)
     _refuse_gpu_only_flags_without_gpu(parser, args)
+    _refuse_a_save_dir_it_cannot_write(parser, args.save_dir)
     if args.bf16 and "--tpu" not in given:
         args.tpu = False  # options.py sets tpu whenever bf16
     if args.cpu and args.fp16:
@@ -92,6 +94,18 @@ def _refuse_gpu_only_flags_without_gpu(parser, args) -> None:
     flag = flag or (f"torchrun's {launched} ranks" if launched > 1 else None)
     if flag:
         _usage_error(parser, f"{flag} without --cpu needs a GPU, and torch finds none: add --cpu to train on the CPU")
+
+
+def _refuse_a_save_dir_it_cannot_write(parser, save_dir: str) -> None:
+    """A file as ``--save-dir``, or a folder where nothing can be written, is a usage error before anything loads
+    (fairseq: a traceback at start, ending in ``Not a directory: 'DIR/dummy'``)."""
+    if os.path.exists(save_dir) and not os.path.isdir(save_dir):
+        _usage_error(parser, f"--save-dir {save_dir} is a file, not a folder")
+    existing = os.path.abspath(save_dir)
+    while not os.path.exists(existing):  # (the folders fairseq would make)
+        existing = os.path.dirname(existing)
+    if not os.path.isdir(existing) or not os.access(existing, os.W_OK | os.X_OK):
+        _usage_error(parser, f"--save-dir {save_dir}: nothing can be written in {existing}")
 
 
 def _usage_error(parser, message: str) -> None:

@@ -4,6 +4,7 @@ not in an error from inside fairseq or torch."""
 import os
 import subprocess
 import sys
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -37,6 +38,25 @@ def test_no_arch_is_a_usage_error_naming_it(corpus):
     cmd = [sys.executable, "-m", "fairseq_convs2s.train", "bin", "--user-dir", str(PLUGIN_DIR)]
     proc = run(corpus, cmd + ["--cpu", "--max-tokens", "1000", "--save-dir", "no_arch"])
     assert_usage_error(proc, "--arch is required, e.g. --arch convs2s_iwslt_de_en", corpus / "no_arch")
+
+
+def test_a_save_dir_it_cannot_write_is_a_usage_error(corpus, monkeypatch, capsys):
+    """A file as --save-dir (or a folder below one), or a read-only folder: a traceback from inside fairseq at
+    start ("Not a directory: 'afile/dummy'", "Read-only file system")."""
+    (corpus / "a_file").write_text("")
+    below = f"--save-dir a_file/below: nothing can be written in {corpus / 'a_file'}"
+    for save_dir, message in (("a_file", "--save-dir a_file is a file, not a folder"), ("a_file/below", below)):
+        assert_usage_error(run(corpus, launcher_cmd("bin", save_dir, "--max-update", "1")), message)
+    from fairseq_convs2s import train
+
+    monkeypatch.setattr(train.os, "access", lambda path, mode: False)  # (root writes through any mode bits)
+    with pytest.raises(SystemExit) as exit_:
+        train._refuse_a_save_dir_it_cannot_write(SimpleNamespace(prog="train.py"), str(corpus / "read_only" / "ckpt"))
+    assert exit_.value.code == 2
+    assert (
+        capsys.readouterr().err
+        == f"train.py: error: --save-dir {corpus / 'read_only' / 'ckpt'}: nothing can be written in {corpus}\n"
+    )
 
 
 @pytest.mark.skipif(torch.cuda.device_count() > 0, reason="what happens without a GPU")
