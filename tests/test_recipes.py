@@ -113,6 +113,14 @@ class RecipeRun:
         assert self.proc.returncode == 0, f"{self.task} failed (exit {self.proc.returncode}):\n{output[-6000:]}"
         return output
 
+    def copied_to(self, out: Path) -> list:
+        """The finished run's folder copied to ``out``, and this run's command with ``--out`` there."""
+        self.result()
+        shutil.copytree(self.out, out)
+        cmd = list(self.cmd)
+        cmd[cmd.index("--out") + 1] = str(out)
+        return cmd
+
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory, corpus):
@@ -232,12 +240,8 @@ def test_a_second_command_into_the_same_out_never_reports_the_firsts_results(run
     """Another --vocab-size, direction or model into a finished run's --out is refused in one line, naming the
     setting and both values, before anything runs (it skipped the stages those settings decide and printed the
     first model's score as the second's); another --generate-args generates and scores again, and says why."""
-    finished = runs["multi30k"]
-    finished.result()
     out = tmp_path / "out"
-    shutil.copytree(finished.out, out)
-    cmd = list(finished.cmd)
-    cmd[cmd.index("--out") + 1] = str(out)
+    cmd = runs["multi30k"].copied_to(out)
     score = (out / "score-test.auto.txt").read_text()
     trained_with = [*TINY, "--max-epoch", "4"]
     for args, message in [
@@ -451,12 +455,8 @@ def test_another_duc_set_into_the_same_out_is_prepared_and_scored_anew(runs, cor
     """Other DUC files given to a finished run's --out are normalized, encoded, binarized with the run's dictionary,
     translated and scored, the model and the Gigaword test set kept (the first files' score was reported as theirs:
     every stage's output was there)."""
-    finished = runs["gigaword"]
-    finished.result()
-    out = tmp_path / "out"
-    shutil.copytree(finished.out, out)
-    cmd = list(finished.cmd)
-    cmd[cmd.index("--out") + 1] = str(out)
+    finished, out = runs["gigaword"], tmp_path / "out"
+    cmd = finished.copied_to(out)
     del cmd[cmd.index("--duc-source") :]
     other = [s for s, _ in corpus["test"][8:14]]
     refs = [tmp_path / "duc" / f"ref{k}.txt" for k in range(4)]
