@@ -74,7 +74,7 @@ def format_rouge(scores: Dict[str, float], recall_bytes: Optional[int] = None) -
 
 def _read(path: Path) -> List[str]:
     """The lines of a UTF-8 file, ended by "\n" (or "\r\n") only, as fairseq writes them: a U+2028 or a form feed
-    inside a sentence does not split it (``str.splitlines`` did, and the hypotheses lost their alignment)."""
+    inside a sentence does not split it (``str.splitlines`` did: the file then had more lines than sentences)."""
     return [line.removesuffix("\r") for line in text.read_lines(path)]
 
 
