@@ -12,10 +12,10 @@ Every flag is fairseq-train's and means what it means there; this only changes w
 - ``--bf16`` means bfloat16 on the device being trained on. Stock fairseq turns ``--bf16`` into ``--tpu`` and then
   fails without torch_xla; ``--tpu`` still asks for a TPU.
 - A non-finite gradient under ``--bf16`` (or ``--fp16`` on a CPU) skips its update with a warning, a kill while
-  fairseq copies a checkpoint leaves no truncated file, and Ctrl-C, SIGTERM or SIGHUP saves where training is before it
-  stops (every rank after the same update): ``compat/training.py``, installed in every training process. With
-  several ranks this process supervises them, on a CPU or fairseq's one per GPU (:func:`_run_ranks`): a signal
-  sent to it alone reaches them, and the run ends in one line, exit 130.
+  fairseq copies a checkpoint leaves no truncated file, and Ctrl-C, SIGTERM or SIGHUP saves where training is
+  before it stops (every rank after the same update): ``compat/training.py`` and ``compat/saving.py``, installed
+  in every training process. With several ranks this process supervises them, on a CPU or fairseq's one per GPU
+  (:func:`_run_ranks`): a signal sent to it alone reaches them, and the run ends in one line, exit 130.
 - With ``--cpu``, glibc's malloc keeps the memory that an update frees for the next one
   (:func:`keep_freed_memory`), so that the large per-update tensors are not faulted in page by page at every
   update; the user's own ``MALLOC_MMAP_MAX_`` or ``MALLOC_TRIM_THRESHOLD_`` wins.

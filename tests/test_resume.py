@@ -28,7 +28,7 @@ from cli_helpers import (
     update_records,
 )
 
-from fairseq_convs2s.compat.training import _atomic_copy
+from fairseq_convs2s.compat.saving import _atomic_copy
 from fairseq_convs2s.train import free_port
 
 INTERVAL = 4  # --save-interval-updates
@@ -303,6 +303,24 @@ def test_a_full_disk_is_named_in_one_line_and_its_partial_files_removed(folder, 
     assert last.endswith("run the same command to go on from checkpoint_last.pt")
     assert sorted(p.name for p in (folder / "full_disk").iterdir()) == ["checkpoint_1_4.pt", "checkpoint_last.pt"]
     assert checkpoint_updates(load_checkpoint(folder / "full_disk" / "checkpoint_last.pt")) == INTERVAL
+
+
+def test_a_data_loading_worker_leaves_the_stop_to_the_trainer():
+    """A worker forked from the trainer (--num-workers N) inherits its handler and, from a terminal, its Ctrl-C: each
+    announced the stop again, N + 1 warnings for one Ctrl-C. In another process than the trainer's it does
+    nothing."""
+    from fairseq_convs2s.compat.training import StopRequest
+
+    stop = StopRequest()
+    stop.pid = os.getpid() + 1  # (as seen from a worker: the trainer is another process)
+    stop.ask(signal.SIGINT)
+    stop.ask(signal.SIGINT)  # (not a second Ctrl-C either)
+    assert stop.signal is None
+    stop.pid = os.getpid()
+    stop.ask(signal.SIGINT)
+    assert stop.signal == "SIGINT"
+    with pytest.raises(KeyboardInterrupt):
+        stop.ask(signal.SIGINT)
 
 
 def test_two_ranks_stop_after_the_same_update(folder, signal_plugin, monkeypatch):

@@ -16,7 +16,7 @@ prints the table.
 import os
 from typing import Callable, List, NamedTuple
 
-from . import batching, broken_checkpoints, checkpoints, hub, interactive, quiet_exits, search, training
+from . import batching, broken_checkpoints, checkpoints, hub, interactive, quiet_exits, saving, search, training
 
 
 class Fix(NamedTuple):
@@ -134,14 +134,14 @@ FIXES: List[Fix] = [
     ),
     Fix(
         "full_disk",
-        training.name_a_full_disk,
+        saving.name_a_full_disk,
         "a disk that fills up during a save ends training in a traceback, leaving the save's partial .tmp files",
         "fairseq_cli.train.validate_and_save",
         training=True,
     ),
     Fix(
         "atomic_checkpoint_copies",
-        training.copy_checkpoints_atomically,
+        saving.copy_checkpoints_atomically,
         "a kill while copying checkpoint_last.pt leaves it truncated, and the restart fails",
         "PathManager.copy",
         training=True,

@@ -1,14 +1,11 @@
-"""Training under bf16, fp16 on a CPU, and kills during a checkpoint copy: what ``python -m fairseq_convs2s.train``
+"""Training under bf16, fp16 on a CPU, stopped by a signal or run again: what ``python -m fairseq_convs2s.train``
 installs in every training process (``install_training_fixes``), not the plugin's import: plain ``fairseq-train``
-keeps fairseq's own behaviour.
+keeps fairseq's own behaviour. How checkpoint files are written: ``saving.py``.
 
 - A non-finite gradient (NaN or inf loss) under ``--bf16``, or ``--fp16`` on a CPU, skips that update with a
   warning, as fairseq's fp16 loss scaler does on a GPU, instead of stopping training: stock bf16 has no loss scaler
   and stops, and stock fp16 on a CPU crashes in its skip path (``torch.tensor(0.0).cuda()``). After
   ``MAX_CONSECUTIVE_SKIPS`` skipped updates in a row training stops with fairseq's ``FloatingPointError``.
-- The extra copies of a checkpoint (``checkpoint_last.pt`` after ``checkpoint_3_500.pt``, ``checkpoint_best.pt``)
-  are written to a temporary file and renamed, as fairseq already does for the first file; stock fairseq copies
-  in place, so a kill during the copy leaves a truncated ``checkpoint_last.pt`` that the restart then fails to load.
 - SIGINT (Ctrl-C), SIGTERM (a job scheduler, a recipe's driver) or SIGHUP (a closed terminal) lets the update in
   flight finish, saves ``checkpoint_last.pt`` where training is (mid-epoch too: with the data iterator's position,
   so the same command resumes at the next update, as if never stopped) and exits with status 130; a second Ctrl-C
@@ -17,17 +14,11 @@ keeps fairseq's own behaviour.
   every update since its last save (up to an epoch; on SIGHUP, silently).
 - A run that has reached its ``--max-update`` trains no more when run again (stock fairseq: one more update, and
   the checkpoints rewritten with it).
-- A disk that fills up during a save ends training in one line saying which file, that the checkpoints saved before
-  are whole, and how to go on; the save's partial ``.tmp`` files are removed (stock fairseq: a traceback, and the
-  partial files left, filling the disk).
 """
 
 import contextlib
-import errno
-import glob
 import logging
 import os
-import shutil
 import signal
 from typing import Iterator
 
@@ -81,48 +72,6 @@ def stop_a_finished_run() -> None:
     replace(fairseq_train, "train", train_unless_finished, "finished_runs")
 
 
-def name_a_full_disk() -> None:
-    """Wrap ``fairseq_cli.train.validate_and_save`` (outside the stop on signals: its saves too) so that a disk that
-    fills up during a save ends training in one line, the save's partial files removed (idempotent)."""
-    import fairseq_cli.train as fairseq_train
-
-    if is_replaced(fairseq_train.validate_and_save, "full_disk"):
-        return
-    validate_and_save = fairseq_train.validate_and_save
-
-    def validate_and_save_or_name_a_full_disk(cfg, trainer, *args, **kwargs):
-        try:
-            return validate_and_save(cfg, trainer, *args, **kwargs)
-        except OSError as error:
-            if error.errno not in (errno.ENOSPC, errno.EDQUOT):
-                raise
-            save_dir = cfg.checkpoint.save_dir
-            for partial in glob.glob(os.path.join(glob.escape(save_dir), "checkpoint*.pt.tmp")):
-                os.remove(partial)
-            written = error.filename2 or error.filename
-            logger.error(
-                "%s writing %s (after update %d): the checkpoints saved before it are whole, this save's partial "
-                "files removed; free space in %s and run the same command to go on from checkpoint_last.pt",
-                error.strerror,
-                written,
-                trainer.get_num_updates(),
-                save_dir,
-            )
-            raise SystemExit(1) from None
-
-    replace(fairseq_train, "validate_and_save", validate_and_save_or_name_a_full_disk, "full_disk")
-
-
-def copy_checkpoints_atomically() -> None:
-    """Wrap ``PathManager.copy`` so that a checkpoint's extra copies are written whole or not at all (idempotent)."""
-    from fairseq.file_io import PathManager
-
-    if is_replaced(PathManager.copy, "atomic_checkpoint_copies"):
-        return
-    copy = _atomic_copy(PathManager.copy)
-    replace(PathManager, "copy", copy, "atomic_checkpoint_copies")  # (called on the class, as fairseq calls it)
-
-
 def save_and_stop_on_signals() -> None:
     """Wrap ``fairseq_cli.train.main`` (SIGINT and SIGTERM handled while it runs) and its ``validate_and_save``
     (once a signal has reached any process: save, then stop) (idempotent)."""
@@ -143,10 +92,13 @@ class StopRequest:
     def __init__(self):
         self.signal = None
         self.announce = True  # (one rank of several tells the user)
+        self.pid = os.getpid()  # the trainer's (a worker it forks inherits the handler and a terminal's Ctrl-C)
 
     def ask(self, signum, frame=None) -> None:
         """A signal handler: the first SIGINT, SIGTERM or SIGHUP asks for a stop after this update, a second SIGINT
-        stops at once (KeyboardInterrupt)."""
+        stops at once (KeyboardInterrupt); in a data-loading worker forked from the trainer, nothing."""
+        if os.getpid() != self.pid:
+            return
         if self.signal is None:
             self.signal = signal.Signals(signum).name
             if self.announce:
@@ -164,6 +116,7 @@ def _handling_stop_signals(main, stop: StopRequest):
         from fairseq import distributed_utils
 
         stop.announce = distributed_utils.is_master(cfg.distributed_training)
+        stop.pid = os.getpid()
         try:
             with stop_signals_handled_by(stop.ask):
                 return main(cfg, **kwargs)
@@ -323,24 +276,5 @@ def _skip_nonfinite_updates(train_step):
             return None
         self._convs2s_skips = 0
         return result
-
-    return wrapper
-
-
-def _atomic_copy(copy):
-    def wrapper(src_path: str, dst_path: str, overwrite: bool = False) -> bool:
-        from fairseq.file_io import PathManager
-
-        if PathManager.path_requires_pathmanager(dst_path) or not overwrite and os.path.exists(dst_path):
-            return copy(src_path, dst_path, overwrite=overwrite)
-        tmp = dst_path + ".tmp"
-        try:
-            shutil.copyfile(src_path, tmp)
-            os.replace(tmp, dst_path)  # the old file stays whole until the new one is
-        except BaseException:  # (a full disk: the partial copy would keep its space)
-            if os.path.exists(tmp):
-                os.remove(tmp)
-            raise
-        return True
 
     return wrapper
