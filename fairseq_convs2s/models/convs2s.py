@@ -12,6 +12,7 @@ from fairseq.models import FairseqEncoderDecoderModel, register_model
 from ..compat.checkpoints import is_building_to_load
 from ..modules.attention import value_scale_for
 from ..modules.weight_norm import WeightNorm
+from .checkpoint_args import ConversionError, model_args_of
 from .config import DEFAULT_MAX_POSITIONS, ConvS2SConfig
 from .decoder import ConvS2SDecoder
 from .dictionaries import (
@@ -147,10 +148,12 @@ class ConvS2SModel(FairseqEncoderDecoderModel):
         if not hasattr(self, "structure"):
             return None
         found = difference(self.structure, checkpoint)
-        if found is None and checkpoint.get("cfg") is not None and checkpoint["cfg"].get("model") is not None:
-            found = dictionary_difference(
-                self.dictionary_fingerprints, self.dictionary_labels, checkpoint["cfg"]["model"]
-            )
+        if found is None:
+            try:
+                model_args, _ = model_args_of(checkpoint)
+            except ConversionError:
+                return None  # (not a fairseq checkpoint: fairseq's own loading names the file)
+            found = dictionary_difference(self.dictionary_fingerprints, self.dictionary_labels, model_args)
         return found
 
     def make_generation_fast_(self, **kwargs):
