@@ -4,9 +4,10 @@
         --lr-scheduler budget --stop-time-hours 0.5          # or --max-update N, or both: whichever ends first
 
 The end of training is fairseq's own: ``--stop-time-hours`` (fairseq's cumulative training time, which it stops at
-after any update) and ``--max-update``. The rate is ``--lr`` until the last ``--anneal-fraction`` of that budget,
-then falls linearly to 0 at its end, so the model training stops with is an annealed one. ``--max-epoch`` (when not
-0) can stop training before that, unannealed: a warning says so at the start.
+after any update; the rate reads the same clock, compat row ``budget_clock``) and ``--max-update``. The rate is
+``--lr`` until the last ``--anneal-fraction`` of that budget, then falls linearly to 0 at its end, so the model
+training stops with is an annealed one. ``--max-epoch`` (when not 0) can stop training before that, unannealed: a
+warning says so at the start.
 
 Porting note: the paper (section 4.3) divides the rate by 10 whenever validation loss stops improving
 (``reduce_lr_on_plateau``); in a budget too short for a plateau that never anneals at all. Budgeted-training work
@@ -19,7 +20,7 @@ schedule", measures the fractions).
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import List
+from typing import Callable, List, Optional
 
 import torch
 from fairseq.dataclass import FairseqDataclass
@@ -67,11 +68,13 @@ class BudgetSchedule(FairseqLRScheduler):
             )
         self.base_lr = cfg.lr[0]
         self.anneal_fraction = cfg.anneal_fraction
-        # the time this scheduler has trained, carried across a resume by state_dict; an instance attribute so
-        # that a test can give it another clock
+        # the time trained: fairseq's own clock once the trainer hands it over (follow_training_clock), until then
+        # this scheduler's, carried across a resume by state_dict; an instance attribute so that a test can give
+        # it another clock
         self.clock = time.monotonic
         self._started = self.clock()
         self._previous_seconds = 0.0
+        self._training_seconds: Optional[Callable[[], float]] = None
         self._num_updates = 0
         budgets = [f"{self.budget_seconds / 60:.1f} min of training"] if self.budget_seconds else []
         budgets += [f"{self.budget_updates} updates"] if self.budget_updates else []
@@ -87,8 +90,17 @@ class BudgetSchedule(FairseqLRScheduler):
             )
         self.optimizer.set_lr(self.base_lr)
 
+    def follow_training_clock(self, training_seconds: Callable[[], float]) -> None:
+        """Count time by ``training_seconds()``: this rank's cumulative training time as the trainer counts it, the
+        clock ``--stop-time-hours`` stops by, carried across resumes in the checkpoint's own record whatever the
+        schedule was (compat row ``budget_clock`` hands it over). Without it a run switched to this schedule from
+        another, or resumed with ``--reset-lr-scheduler``, counted from 0 and was stopped before it had annealed."""
+        self._training_seconds = training_seconds
+
     def _local_seconds(self) -> float:
         """Seconds this process and the runs it resumed have trained, by this rank's clock."""
+        if self._training_seconds is not None:
+            return self._training_seconds()
         return self._previous_seconds + self.clock() - self._started
 
     def elapsed_seconds(self) -> float:
@@ -134,8 +146,9 @@ class BudgetSchedule(FairseqLRScheduler):
         return {"best": self.best, "elapsed_seconds": self._local_seconds()}
 
     def load_state_dict(self, state_dict):
-        # a checkpoint of another scheduler (a run continued under a budget) starts the budget's clock at 0 and
-        # keeps that scheduler's best loss, where it kept one (fairseq's "fixed" keeps none: super() raised KeyError)
+        # a checkpoint of another scheduler (a run continued under a budget) keeps that scheduler's best loss, where
+        # it kept one (fairseq's "fixed" keeps none: super() raised KeyError); the time comes from the trainer's
+        # clock where it follows it, else from this record (0 when another scheduler wrote it)
         self.best = state_dict.get("best")
         self._previous_seconds = float(state_dict.get("elapsed_seconds", 0.0))
         self._started = self.clock()

@@ -154,3 +154,27 @@ def test_fairseq_train_anneals_to_zero_at_max_update(tmp_path):
     assert [r["lr"] for r in records] == pytest.approx(expected, abs=1e-3)
     assert "Stopping training due to num_updates: 6 >= max_update: 6" in log
     assert "can end training before the budget" not in log  # --max-epoch 0: no warning
+
+
+def test_a_run_switched_to_the_budget_anneals_by_the_time_fairseq_stops_at(tmp_path):
+    """fairseq's --stop-time-hours counts the whole run (the checkpoint's previous_training_time, whatever schedule
+    wrote it); the budget's rate counted only its own seconds, so a run trained under the default schedule and then
+    continued under a budget was stopped at the full rate. Here the checkpoint says 6 s of the hour are left: every
+    update of the continued run is at the rate's last thousandth (before: 0.25 until fairseq stopped it)."""
+    make_splits(tmp_path, {"train": 120, "valid": 8})
+    preprocess(tmp_path, "bin", trainpref="train", validpref="valid")
+    train(tmp_path, "bin", "ckpt", "--max-update", "2", "--max-tokens", "100")  # fairseq's default: fixed
+    path = tmp_path / "ckpt" / "checkpoint_last.pt"
+    state = torch.load(path, map_location="cpu", weights_only=False)
+    state["extra_state"]["previous_training_time"] = 3600.0 - 6.0
+    torch.save(state, path)
+
+    proc = train(
+        tmp_path, "bin", "ckpt", "--lr-scheduler", "budget", "--stop-time-hours", "1", "--lr", str(LR),
+        "--max-epoch", "0", "--log-format", "json", "--log-interval", "1", "--max-tokens", "100",
+    )  # fmt: skip
+    log = proc.stdout + proc.stderr
+    records = update_records(log)
+    assert records and records[0]["num_updates"] == 3, log[-3000:]
+    assert max(r["lr"] for r in records) < LR / 100, log[-3000:]
+    assert "Stopping training due to cumulative_training_time" in log

@@ -16,7 +16,18 @@ prints the table.
 import os
 from typing import Callable, List, NamedTuple
 
-from . import batching, broken_checkpoints, checkpoints, hub, interactive, quiet_exits, saving, search, training
+from . import (
+    batching,
+    broken_checkpoints,
+    checkpoints,
+    hub,
+    interactive,
+    quiet_exits,
+    saving,
+    schedules,
+    search,
+    training,
+)
 
 
 class Fix(NamedTuple):
@@ -110,6 +121,14 @@ FIXES: List[Fix] = [
         batching.refuse_empty_splits,
         "an empty binarized split fails in numpy's mmap, naming no file",
         "indexed_dataset.make_dataset",
+    ),
+    Fix(
+        "budget_clock",
+        schedules.hand_schedules_the_training_clock,
+        "(the plugin's own schedule) --lr-scheduler budget counts time from its own start: a run switched to it "
+        "from another schedule, or resumed with --reset-lr-scheduler, is stopped by --stop-time-hours (which "
+        "counts the whole run's time) before its rate has annealed",
+        "Trainer._build_optimizer",
     ),
     Fix(
         "skip_nonfinite_updates",
