@@ -291,13 +291,16 @@ torch.save = save_until_the_disk_is_full
 def test_a_full_disk_is_named_in_one_line_and_its_partial_files_removed(folder, tmp_path):
     """The disk fills up during the second save (update 8): training ends in one line saying so, that the checkpoints
     before are whole and how to go on, exit 1, the partial checkpoint_1_8.pt.tmp removed; checkpoint_last.pt (update
-    4) loads. Stock fairseq: a traceback, and the partial file left, still filling the disk."""
+    4) loads. Stock fairseq: a traceback (logged by its save, then raised), and the partial file left, still filling
+    the disk."""
     plugin = tmp_path / "full_disk_plugin"
     plugin.mkdir()
     (plugin / "__init__.py").write_text(FULL_DISK_PLUGIN)
     proc = run_launcher(folder, "bin", "full_disk", *FLAGS, user_dir=plugin)
     log = proc.stdout + proc.stderr
-    last = [line for line in log.splitlines() if "| ERROR |" in line][-1]  # (above it, fairseq logs its retries)
+    errors = [line for line in log.splitlines() if "| ERROR |" in line]
+    assert "Traceback" not in log and len(errors) == 1, log[-3000:]  # (before: fairseq's save logged its own)
+    last = errors[0]
     assert proc.returncode == 1 and "No space left on device writing " in last, log[-3000:]
     assert "checkpoint_1_8.pt.tmp (after update 8): the checkpoints saved before it are whole" in last
     assert last.endswith("run the same command to go on from checkpoint_last.pt")

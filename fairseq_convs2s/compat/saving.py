@@ -5,8 +5,8 @@ fixes are, by ``python -m fairseq_convs2s.train`` in every training process.
   are written to a temporary file and renamed, as fairseq already does for the first file; stock fairseq copies
   in place, so a kill during the copy leaves a truncated ``checkpoint_last.pt`` that the restart then fails to load.
 - A disk that fills up during a save ends training in one line saying which file, that the checkpoints saved before
-  are whole, and how to go on; the save's partial ``.tmp`` files are removed (stock fairseq: a traceback, and the
-  partial files left, filling the disk).
+  are whole, and how to go on; the save's partial ``.tmp`` files are removed (stock fairseq: a traceback, logged by
+  its save's retries and raised again, and the partial files left, filling the disk).
 """
 
 import errno
@@ -28,8 +28,10 @@ def name_a_full_disk() -> None:
     if is_replaced(fairseq_train.validate_and_save, "full_disk"):
         return
     validate_and_save = fairseq_train.validate_and_save
+    saves = logging.getLogger("fairseq.checkpoint_utils")  # logs the traceback of its last failed try to write
 
     def validate_and_save_or_name_a_full_disk(cfg, trainer, *args, **kwargs):
+        saves.addFilter(_not_a_full_disk)
         try:
             return validate_and_save(cfg, trainer, *args, **kwargs)
         except OSError as error:
@@ -48,8 +50,16 @@ def name_a_full_disk() -> None:
                 save_dir,
             )
             raise SystemExit(1) from None
+        finally:
+            saves.removeFilter(_not_a_full_disk)
 
     replace(fairseq_train, "validate_and_save", validate_and_save_or_name_a_full_disk, "full_disk")
+
+
+def _not_a_full_disk(record: logging.LogRecord) -> bool:
+    """False for the traceback fairseq logs when a save finds the disk full (the wrapper names it in one line)."""
+    message = record.getMessage()
+    return not any(f"[Errno {code}]" in message for code in (errno.ENOSPC, errno.EDQUOT))
 
 
 def copy_checkpoints_atomically() -> None:
