@@ -18,7 +18,7 @@ sys.path.insert(0, str(REPO_ROOT / "examples"))
 
 from recipes import text  # noqa: E402
 from recipes.average_checkpoints import main as average_main  # noqa: E402
-from recipes.pipeline import CommandFailed, errors_in_one_line  # noqa: E402
+from recipes.commands import CommandFailed, errors_in_one_line  # noqa: E402
 
 
 def _reported(read) -> str:

@@ -24,7 +24,7 @@ from cli_helpers import REPO_ROOT, random_sentence, translate
 
 sys.path.insert(0, str(REPO_ROOT / "examples"))
 
-from recipes import pipeline, scoring, text  # noqa: E402
+from recipes import commands, model_stages, pipeline, scoring, text  # noqa: E402
 from recipes.average_checkpoints import average_checkpoints, last_epoch_checkpoints  # noqa: E402
 from recipes.average_checkpoints import main as average_main  # noqa: E402
 from recipes.download import extract, sgm_segments, split_train_valid  # noqa: E402
@@ -301,7 +301,7 @@ def test_only_one_test_sets_translations_are_scored(tmp_path):
     missing for some sentences'."""
     log, hyp = tmp_path / "generate.txt", tmp_path / "test.hyp"
     log.write_text("S-1\tb\nD-1\t-0.1\tbest of 1\nD-1\t-0.5\tsecond of 1\nD-0\t-0.2\tbest of 0\nD-0\t-0.9\tx\n")
-    pipeline.write_hypotheses(log, hyp, 2)
+    model_stages.write_hypotheses(log, hyp, 2)
     assert lines(hyp) == ["best of 0", "best of 1"]
     for written, sentences, message in [
         ("S-0\ta\n", 2, "holds no D- lines to score (a flag in --generate-args such as --quiet"),
@@ -310,7 +310,7 @@ def test_only_one_test_sets_translations_are_scored(tmp_path):
     ]:  # fmt: skip
         log.write_text(written)
         with pytest.raises(text.DataError, match=re.escape(message)):
-            pipeline.write_hypotheses(log, tmp_path / "not.hyp", sentences)
+            model_stages.write_hypotheses(log, tmp_path / "not.hyp", sentences)
         assert not (tmp_path / "not.hyp").exists()
 
 
@@ -622,13 +622,13 @@ def test_a_stage_whose_command_fails_ends_in_one_line_naming_it(tmp_path, corpus
 def test_a_failed_command_says_how_it_ended(tmp_path):
     """A status, or the signal that killed it (the kernel's out-of-memory killer sends SIGKILL)."""
     python = re.escape(Path(sys.executable).name)
-    with pytest.raises(pipeline.CommandFailed, match=rf"^{python} exited with status 3; once fixed"):
-        pipeline.run([sys.executable, "-c", "raise SystemExit(3)"])
+    with pytest.raises(commands.CommandFailed, match=rf"^{python} exited with status 3; once fixed"):
+        commands.run([sys.executable, "-c", "raise SystemExit(3)"])
     killed = [sys.executable, "-c", "import os, signal; os.kill(os.getpid(), signal.SIGKILL)"]
     log = tmp_path / "log"
-    with pytest.raises(pipeline.CommandFailed, match=r"killed by SIGKILL \(out of memory\?\) \(its output is also in"):
-        pipeline.run(killed, log=log)
-    assert pipeline.command_name([sys.executable, "-m", "fairseq_cli.generate", "data"]) == "fairseq-generate"
+    with pytest.raises(commands.CommandFailed, match=r"killed by SIGKILL \(out of memory\?\) \(its output is also in"):
+        commands.run(killed, log=log)
+    assert commands.command_name([sys.executable, "-m", "fairseq_cli.generate", "data"]) == "fairseq-generate"
 
 
 def test_an_interrupted_recipe_leaves_no_command_running(monkeypatch):
@@ -647,7 +647,7 @@ def test_an_interrupted_recipe_leaves_no_command_running(monkeypatch):
     monkeypatch.setattr(sys, "stdout", InterruptedConsole())
     try:
         with pytest.raises(KeyboardInterrupt):
-            pipeline.run(child, log=Path(os.devnull))
+            commands.run(child, log=Path(os.devnull))
         with pytest.raises(ProcessLookupError):  # terminated and reaped before the interrupt went on
             os.kill(pids[0], 0)
     finally:

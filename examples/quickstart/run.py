@@ -21,7 +21,8 @@ USER_DIR = HERE.parent.parent / "fairseq_convs2s"
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent))
 
-from recipes.pipeline import count, errors_in_one_line, failure, fairseq, out_dir, stage  # noqa: E402
+from recipes.commands import errors_in_one_line, failure, fairseq, stage  # noqa: E402
+from recipes.pipeline import count, out_dir  # noqa: E402
 from recipes.settings import RunSettings, folders  # noqa: E402
 from toy_corpus import make_corpus  # noqa: E402
 
@@ -34,7 +35,7 @@ INTERACTIVE_INPUT = [
 
 
 def run(cmd, **kwargs):
-    """Run a command; :class:`recipes.pipeline.CommandFailed` when it fails, after any output it captured."""
+    """Run a command; :class:`recipes.commands.CommandFailed` when it fails, after any output it captured."""
     cmd = [str(c) for c in cmd]
     print("$ " + " ".join(cmd), flush=True)
     result = subprocess.run(cmd, **kwargs)

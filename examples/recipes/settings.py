@@ -13,7 +13,7 @@ command's settings, and a folder from before this record is taken as it is.
 
 import json
 from pathlib import Path
-from typing import Dict, Optional
+from typing import Dict, List, Optional
 
 # the command-line names of the settings, for the messages
 FLAGS = {
@@ -107,3 +107,14 @@ def folders(out: Path, *paths: Path) -> str:
     names = [f"{path.name}/" for path in paths]
     listed = names[0] if len(names) == 1 else f"{', '.join(names[:-1])} and {names[-1]}"
     return f"{listed} in {out}"
+
+
+def outputs(out: Path, name: str = "*") -> List[Path]:
+    """The generation outputs and scores in ``out`` of the test set ``name`` (default: every set), every model: what
+    a change of the settings they were made with makes stale."""
+    return [*out.glob(f"generate-{name}.*.txt"), *out.glob(f"{name}.*.hyp"), *out.glob(f"score-{name}.*.txt")]
+
+
+def remove(*paths: Path) -> None:
+    for path in paths:
+        path.unlink(missing_ok=True)

@@ -30,7 +30,8 @@ from typing import Dict, List, Optional
 USER_DIR = Path(__file__).resolve().parent.parent.parent / "fairseq_convs2s"
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from recipes.pipeline import CommandFailed, count, errors_in_one_line, failure, fairseq, out_dir  # noqa: E402
+from recipes.commands import CommandFailed, errors_in_one_line, failure, fairseq  # noqa: E402
+from recipes.pipeline import count, out_dir  # noqa: E402
 from recipes.settings import SettingsChanged  # noqa: E402
 
 
