@@ -137,17 +137,23 @@ def test_fairseq_train_warns_when_max_epoch_ends_training_before_the_budget(tmp_
     assert update_records(log)[-1]["lr"] == pytest.approx(LR)  # what it warns of: stopped unannealed
 
 
+def train_on_a_budget(folder, *limits: str):
+    """fairseq-train (with --user-dir) of the small model in ``folder``/bin on the budget ``limits``, with no epoch
+    limit, logging each update: the log and its per-update records."""
+    proc = train(
+        folder, "bin", "ckpt", "--lr-scheduler", "budget", *limits, "--lr", str(LR), "--max-epoch", "0",
+        "--log-format", "json", "--log-interval", "1", "--max-tokens", "100",
+    )  # fmt: skip
+    log = proc.stdout + proc.stderr
+    return log, update_records(log)
+
+
 def test_fairseq_train_anneals_to_zero_at_max_update(tmp_path):
     """Through fairseq-train with --user-dir: the rate logged after each update, 0 after the last, where fairseq
     stops."""
     make_splits(tmp_path, {"train": 120, "valid": 8})
     preprocess(tmp_path, "bin", trainpref="train", validpref="valid")
-    proc = train(
-        tmp_path, "bin", "ckpt", "--lr-scheduler", "budget", "--max-update", "6", "--lr", str(LR),
-        "--max-epoch", "0", "--log-format", "json", "--log-interval", "1", "--max-tokens", "100",
-    )  # fmt: skip
-    log = proc.stdout + proc.stderr
-    records = update_records(log)
+    log, records = train_on_a_budget(tmp_path, "--max-update", "6")
     assert [int(r["num_updates"]) for r in records] == [1, 2, 3, 4, 5, 6], log[-3000:]
     # the rate logged at update k is the one set after it: 0.25 until half the budget, then (1 - k/6) / 0.5 of it
     expected = [budget_lr(LR, k / 6, 0.5) for k in range(1, 7)]
@@ -169,12 +175,7 @@ def test_a_run_switched_to_the_budget_anneals_by_the_time_fairseq_stops_at(tmp_p
     state["extra_state"]["previous_training_time"] = 3600.0 - 6.0
     torch.save(state, path)
 
-    proc = train(
-        tmp_path, "bin", "ckpt", "--lr-scheduler", "budget", "--stop-time-hours", "1", "--lr", str(LR),
-        "--max-epoch", "0", "--log-format", "json", "--log-interval", "1", "--max-tokens", "100",
-    )  # fmt: skip
-    log = proc.stdout + proc.stderr
-    records = update_records(log)
+    log, records = train_on_a_budget(tmp_path, "--stop-time-hours", "1")
     assert records and records[0]["num_updates"] == 3, log[-3000:]
     assert max(r["lr"] for r in records) < LR / 100, log[-3000:]
     assert "Stopping training due to cumulative_training_time" in log
