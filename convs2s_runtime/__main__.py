@@ -166,6 +166,8 @@ class _Lines:
                     self.ready.append(bytes(self.pending))
                 break
             self.pending += chunk
+            if b"\n" not in chunk:  # (a line longer than a read: split once its end has come, not at every read)
+                continue
             *lines, rest = self.pending.split(b"\n")
             self.ready.extend(bytes(line) for line in lines)
             self.pending = bytearray(rest)

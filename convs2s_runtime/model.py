@@ -108,7 +108,13 @@ class Model:
             weights = torch.load(model_dir / WEIGHTS, map_location="cpu", weights_only=True)
         except Exception as e:  # missing, truncated, not a torch file
             raise ModelDirError(f"{model_dir / WEIGHTS}: cannot be read ({type(e).__name__}: {e})") from None
-        return cls(config, weights, dtype, torch.device(device))
+        try:
+            return cls(config, weights, dtype, torch.device(device))
+        except (KeyError, TypeError, ValueError, IndexError) as e:  # (a weight or a setting missing, or malformed)
+            raise ModelDirError(
+                f"{model_dir}: {WEIGHTS} and {CONFIG} do not describe one model ({type(e).__name__}: {e}): "
+                "export the checkpoint again"
+            ) from None
 
     @property
     def vocab_size(self) -> int:

@@ -92,7 +92,10 @@ class Translator:
         if (model_dir / SENTENCEPIECE).is_file():
             import sentencepiece
 
-            self._sentencepiece = sentencepiece.SentencePieceProcessor(model_file=str(model_dir / SENTENCEPIECE))
+            try:
+                self._sentencepiece = sentencepiece.SentencePieceProcessor(model_file=str(model_dir / SENTENCEPIECE))
+            except (RuntimeError, OSError) as e:  # (truncated, empty, or not a sentencepiece model)
+                raise ModelDirError(f"{model_dir / SENTENCEPIECE}: not a sentencepiece model ({e})") from None
 
     def source_ids(self, source: str, name: str = "a source") -> List[int]:
         """The dictionary ids of a source (its pieces, or whitespace-separated tokens) and EOS, cut to the model's
@@ -105,7 +108,11 @@ class Translator:
         return ids
 
     def _encode(self, source: str) -> List[int]:
-        pieces = self._sentencepiece.encode(source, out_type=str) if self._sentencepiece else source.split()
+        if self._sentencepiece:
+            # (split again on whitespace, as fairseq's encode_line splits the pieces it is given: a piece that holds
+            # a character str.split takes for a space, U+0085 or U+001C, is no symbol of the dictionary)
+            source = " ".join(self._sentencepiece.encode(source, out_type=str))
+        pieces = source.split()
         return [self._source_index.get(piece, self.unk) for piece in pieces] + [self.eos]
 
     def max_hypothesis_length(self, source: str, max_len_a: float = 0.0, max_len_b: int = 200) -> int:

@@ -8,6 +8,7 @@ import math
 import os
 import re
 import select
+import shutil
 import signal
 import subprocess
 import sys
@@ -183,6 +184,23 @@ def test_the_command_line_answers_every_line_in_order(tmp_path):
     assert [o for o, line in zip(out, lines) if not line] == ["", ""]
     assert [o for o, line in zip(out, lines) if line] == expected
     assert f"cut to the model's {max_positions} positions" in proc.stderr
+
+
+def test_lines_longer_than_a_read_arrive_whole(tmp_path):
+    """The command's reader gives a line that spans many reads whole, then the lines after it and a last line without
+    its newline. (The reader split the whole pending line again at every read, so that a line of megabytes took time
+    quadratic in its length; now only a read that brings a newline splits.)"""
+    from convs2s_runtime.__main__ import _Lines
+
+    long = b"w5 " * 100_000  # (about five reads)
+    path = tmp_path / "in.txt"
+    path.write_bytes(long + b"\nw4\n\nw6")
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        lines = _Lines(fd)
+        assert [lines.next(wait=True) for _ in range(5)] == [long, b"w4", b"", b"w6", None]
+    finally:
+        os.close(fd)
 
 
 def test_a_line_too_short_for_min_len_is_answered_empty(tmp_path):
@@ -463,6 +481,59 @@ def test_bad_input_is_one_line_and_writes_nothing(tmp_path, capsys):
     assert export_main([str(checkpoint), str(tmp_path / "model")]) == 0  # an earlier export is replaced
 
 
+def test_a_broken_model_folder_is_named_in_one_line(tmp_path):
+    """A model folder whose files do not load or do not fit together: a ``ValueError`` naming the file and what is
+    wrong, and one line from the command. A model.pt of another export or a config.json missing a setting was a
+    ``KeyError`` traceback, a truncated sentencepiece model sentencepiece's ``RuntimeError``."""
+    d = make_dictionary(25)
+    export(_convs2s_checkpoint(tmp_path, "convs2s_iwslt_de_en", d), tmp_path / "model")
+    other = _convs2s_checkpoint(tmp_path / "other", "convs2s_iwslt_de_en", d, decoder_attention="[False, True, True]")
+    export(other, tmp_path / "o")  # (no attention in the first block: its weights are not there)
+    import sentencepiece as spm
+
+    text = tmp_path / "text.txt"
+    text.write_text("".join(f"w{i} w{i + 1} w{i + 2}\n" for i in range(4, 24)))
+    spm.SentencePieceTrainer.train(input=str(text), model_prefix=str(tmp_path / "spm"), vocab_size=30, minloglevel=2)
+
+    def broken(name: str, change) -> Path:
+        folder = tmp_path / name
+        shutil.copytree(tmp_path / "model", folder)
+        change(folder)
+        return folder
+
+    def without_attention(folder: Path) -> None:
+        config = json.loads((folder / "config.json").read_text())
+        del config["decoder"]["attention"]
+        (folder / "config.json").write_text(json.dumps(config))
+
+    cases = [
+        (lambda f: shutil.copy(tmp_path / "o" / "model.pt", f), "model.pt and config.json do not describe one model"),
+        (without_attention, "model.pt and config.json do not describe one model (KeyError: 'attention')"),
+        (lambda f: (f / "model.pt").write_bytes(b"PK"), "model.pt: cannot be read"),
+        (lambda f: (f / "config.json").unlink(), "no config.json: not a model folder"),
+        (lambda f: (f / "config.json").write_text("{"), "config.json: not JSON"),
+        (lambda f: (f / "source_vocabulary.txt").unlink(), "no source_vocabulary.txt"),
+        (
+            lambda f: (f / "target_vocabulary.txt").write_text("a\nb\n"),
+            "the target vocabulary has 2 symbols, the model",
+        ),
+        (
+            lambda f: (f / "sentencepiece.model").write_bytes((tmp_path / "spm.model").read_bytes()[:100]),
+            "sentencepiece.model: not a sentencepiece model",
+        ),
+    ]
+    for k, (change, message) in enumerate(cases):
+        folder = broken(f"broken{k}", change)
+        with pytest.raises(ValueError, match=re.escape(message)):
+            Translator(folder)
+    proc = subprocess.run(
+        [sys.executable, "-m", "convs2s_runtime", str(tmp_path / "broken0")],
+        input="w4 w5\n", capture_output=True, text=True, cwd=ROOT,
+    )  # fmt: skip
+    assert proc.returncode == 1 and proc.stdout == "" and proc.stderr.count("\n") == 1, proc.stderr
+    assert proc.stderr.startswith("convs2s_runtime: error: ") and "do not describe one model" in proc.stderr
+
+
 def test_export_through_a_link_writes_the_folder_it_points_to(tmp_path):
     """An OUT_DIR that is a link to an earlier export: the folder it points to is replaced and the link kept (the
     link was replaced by a folder, and the next export failed)."""
@@ -535,8 +606,14 @@ def test_export_checks_the_sentencepiece_model_and_the_languages(tmp_path, capsy
         export_main([str(checkpoint), str(tmp_path / "m"), "--sentencepiece-model", str(tmp_path / "spm.model")]) == 0
     )
     assert "warning" not in capsys.readouterr().err
-    (result,) = Translator(tmp_path / "m").translate_batch(["the cat sat"])
+    translator = Translator(tmp_path / "m")
+    (result,) = translator.translate_batch(["the cat sat"])
     assert "\u2581" not in result.hypotheses[0].text
+    # the source ids fairseq-interactive gives (pieces joined by spaces and split again): a piece of a character that
+    # splitting takes for a space (U+0085, cp1252's ellipsis read as Latin-1) is none (it was an <unk>)
+    for line in ("the cat\u0085 sat", "the\u001fcat hid\u0085", "the cat sat"):
+        fairseq_ids = pieces.encode_line(" ".join(processor.encode(line, out_type=str)), add_if_not_exist=False)
+        assert translator.source_ids(line) == fairseq_ids.tolist(), line
 
     words = _convs2s_checkpoint(tmp_path, "convs2s_iwslt_de_en", make_dictionary(25))
     assert export_main([str(words), str(tmp_path / "w"), "--sentencepiece-model", str(tmp_path / "spm.model")]) == 1
