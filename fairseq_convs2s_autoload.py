@@ -85,13 +85,34 @@ def checkpoint_arch(path) -> str | None:
         with zipfile.ZipFile(path) as archive:
             name = next(n for n in archive.namelist() if n == "data.pkl" or n.endswith("/data.pkl"))
             data = archive.read(name)
-        found = {
-            arg for _opcode, arg, _pos in pickletools.genops(data) if isinstance(arg, str) and arg in CONVS2S_ARCHS
-        }
+        found = _arch_values(pickletools.genops(data))
     except Exception:  # whatever the file is, fairseq's own loader reports on it
         return None
     # the model's name "convs2s" sits beside the preset's name (cfg.model._name and cfg.model.arch): name the preset
     return min(found, key=lambda arch: (arch == "convs2s", arch)) if found else None
+
+
+def _arch_values(ops) -> set:
+    """The convs2s arch names a pickle's opcodes give as the value of an ``arch`` or ``_name`` key (a dict's item or
+    a Namespace's attribute; strings met again through the memo count too): another model's checkpoint that holds
+    the word elsewhere (``--save-dir convs2s``) is not taken for a convs2s one."""
+    memo, last, found = {}, None, set()
+    for opcode, arg, _pos in ops:
+        name = opcode.name
+        if name in ("PUT", "BINPUT", "LONG_BINPUT"):
+            memo[arg] = last
+            continue
+        if name == "MEMOIZE":
+            memo[len(memo)] = last
+            continue
+        if name in ("GET", "BINGET", "LONG_BINGET"):
+            value = memo.get(arg)
+        else:
+            value = arg if isinstance(arg, str) and ("UNICODE" in name or "STRING" in name) else None
+        if value in CONVS2S_ARCHS and last in ("arch", "_name"):
+            found.add(value)
+        last = value
+    return found
 
 
 def missing_user_dir_message(path, arch: str) -> str:

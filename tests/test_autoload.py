@@ -37,6 +37,13 @@ def test_checkpoint_arch_reads_opcodes_only(tmp_path):
     fconv = tmp_path / "fconv.pt"
     torch.save({"args": argparse.Namespace(arch="fconv_wmt_en_de", save_dir="convs2s_runs")}, fconv)
     assert autoload.checkpoint_arch(fconv) is None  # a path that mentions convs2s is not an arch
+    other = tmp_path / "transformer.pt"  # (a value that is an arch's name, but not the arch's: it was taken for one)
+    torch.save({"args": argparse.Namespace(arch="transformer_iwslt_de_en", save_dir="convs2s")}, other)
+    assert autoload.checkpoint_arch(other) is None
+    preset = "convs2s_iwslt_de_en"  # (one string object: the second time the pickle refers back to the first)
+    config = tmp_path / "config.pt"
+    torch.save({"note": preset, "cfg": {"model": {"_name": "convs2s", "arch": preset}}}, config)
+    assert autoload.checkpoint_arch(config) == preset
 
     truncated = tmp_path / "truncated.pt"
     truncated.write_bytes(convs2s.read_bytes()[:100])
