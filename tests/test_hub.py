@@ -130,6 +130,9 @@ def test_from_pretrained_decodes_in_bf16_when_asked_not_because_training_did(spm
     bf16 = ConvS2SModel.from_pretrained(str(tmp_path), bf16=True, **kwargs)
     assert {p.dtype for p in fp32.models[0].parameters()} == {torch.float32}
     assert {p.dtype for p in bf16.models[0].parameters()} == {torch.bfloat16}
+    loaded = hub_utils.from_pretrained(str(tmp_path), archive_map=None, **kwargs)  # fairseq's own route (was bf16)
+    fairseqs = GeneratorHubInterface(loaded["args"], loaded["task"], loaded["models"])
+    assert {p.dtype for p in fairseqs.models[0].parameters()} == {torch.float32}
 
     sources = [fp32.encode(s) for s in SPM_SENTENCES]
     scores = [
@@ -178,6 +181,34 @@ def test_translate_names_bad_arguments_and_answers_every_sentence(spm_trained):
     hypos = hub.generate(tokens, skip_invalid_size_inputs=True, max_len_b=MAX_LEN_B)
     assert [len(h) for h in hypos] == [5, 0, 5]
     assert len(fairseq_alone(hub, tokens, skip_invalid_size_inputs=True, max_len_b=MAX_LEN_B)) == 2  # (shifted up)
+    # one sentence as one tensor: no hypothesis (fairseq's path for it dropped the flag, and the error asked for it)
+    assert hub.generate(tokens[1], skip_invalid_size_inputs=True, max_len_b=MAX_LEN_B) == []
+    # nbest: that many hypotheses a sentence (fairseq set it on its config, read by nothing: the whole beam)
+    assert [len(h) for h in hub.generate([tokens[0], tokens[2]], nbest=3, max_len_b=MAX_LEN_B)] == [3, 3]
+
+
+def test_a_sentence_longer_than_max_tokens_is_answered_in_its_place(spm_trained):
+    """from_pretrained(..., max_tokens=N) caps each batch at N tokens: a sentence longer than that (but within the
+    positions) was left out by fairseq's batcher with skip_invalid_size_inputs=True, the rest shifted up; now it is
+    answered with no translation in its place, and without the flag named with the limit and how to raise it."""
+    kwargs = dict(bpe="sentencepiece", sentencepiece_model=str(spm_trained.spm))
+    hub = ConvS2SModel.from_pretrained(str(spm_trained.ckpt), "checkpoint_last.pt", str(spm_trained.data), **kwargs)
+    short = [hub.encode(s) for s in SPM_SENTENCES[:2]]
+    limit = max(len(t) for t in short)
+    long = " ".join(["s1"] * limit)  # (over the limit, within the positions)
+    capped = ConvS2SModel.from_pretrained(
+        str(spm_trained.ckpt), "checkpoint_last.pt", str(spm_trained.data), max_tokens=limit, **kwargs
+    )
+    assert len(capped.encode(long)) > limit
+    sentences = [SPM_SENTENCES[0], long, SPM_SENTENCES[1]]
+    with pytest.raises(ValueError, match=rf"longer than max_tokens {limit} \(from_pretrained\(\.\.\., max_tokens=N\)"):
+        capped.translate(sentences, max_len_b=MAX_LEN_B)
+    answered = capped.translate(sentences, skip_invalid_size_inputs=True, max_len_b=MAX_LEN_B)
+    assert answered == [
+        hub.translate(SPM_SENTENCES[0], max_len_b=MAX_LEN_B),
+        "",
+        hub.translate(SPM_SENTENCES[1], max_len_b=MAX_LEN_B),
+    ]
 
 
 def test_a_data_folder_without_dictionaries_is_named(spm_trained):
@@ -355,7 +386,8 @@ def _beams(hub):
 def test_fconv_checkpoint_is_converted_once_and_translates_like_fconv(fconv_archive, monkeypatch):
     """The first from_pretrained on the directory writes model.convs2s.pt (and no temporary file), loads it as a
     convs2s model, and gives fconv's own hub output: the same translations and the same 5-best hypotheses and
-    scores. The second load reuses that file without reading model.pt again; a newer model.pt is converted anew."""
+    scores. The second load reuses that file without reading model.pt again; a model.pt replaced by another, newer
+    or older (cp -p: it was taken for the one converted), is converted anew."""
     folder = fconv_archive.folder
     converted = folder / "model.convs2s.pt"
     first = ConvS2SModel.from_pretrained(str(folder), checkpoint_file="model.pt")
@@ -365,19 +397,28 @@ def test_fconv_checkpoint_is_converted_once_and_translates_like_fconv(fconv_arch
     assert _beams(first) == fconv_archive.beams
     written = converted.stat().st_mtime_ns
 
-    def must_not_run(*args, **kwargs):
-        raise AssertionError("the fconv checkpoint was read again although its conversion is up to date")
+    read = hub_module.read_checkpoint
+
+    def the_conversion_only(path, *args, **kwargs):
+        if Path(path).name == "model.pt":
+            raise AssertionError("the fconv checkpoint was read again although its conversion is up to date")
+        return read(path, *args, **kwargs)
 
     with monkeypatch.context() as patch:
-        patch.setattr(hub_module, "read_checkpoint", must_not_run)
+        patch.setattr(hub_module, "read_checkpoint", the_conversion_only)
         second = ConvS2SModel.from_pretrained(str(folder), checkpoint_file="model.pt")
     assert converted.stat().st_mtime_ns == written
     assert second.translate(FCONV_SENTENCES, max_len_b=MAX_LEN_B) == fconv_archive.translations
 
-    earlier = (folder / "model.pt").stat().st_mtime - 10
-    os.utime(converted, (earlier, earlier))  # as if model.pt had been replaced after the conversion
+    later = converted.stat().st_mtime + 10
+    os.utime(folder / "model.pt", (later, later))  # as if model.pt had been replaced after the conversion
     ConvS2SModel.from_pretrained(str(folder), checkpoint_file="model.pt")
-    assert converted.stat().st_mtime > (folder / "model.pt").stat().st_mtime
+    assert converted.stat().st_mtime_ns != written
+    replaced = converted.stat().st_mtime_ns
+    earlier = converted.stat().st_mtime - 100
+    os.utime(folder / "model.pt", (earlier, earlier))  # replaced again, by a file with an older timestamp (cp -p)
+    ConvS2SModel.from_pretrained(str(folder), checkpoint_file="model.pt")
+    assert converted.stat().st_mtime_ns != replaced
 
 
 def test_interactive_on_the_converted_file_gives_fconv_output(fconv_archive):

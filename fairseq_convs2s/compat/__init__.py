@@ -90,8 +90,9 @@ FIXES: List[Fix] = [
         hub.check_hub_inputs,
         "the hub's translate fails deep inside on None, bytes or a float beam (NoneType is not iterable, Input must "
         "be str or bytes); on a sentence too long with a bare Exception naming a command-line flag, and with "
-        "skip_invalid_size_inputs=True its translations no longer line up with the sentences",
-        "hub_utils.GeneratorHubInterface.sample, GeneratorHubInterface.generate",
+        "skip_invalid_size_inputs=True its translations no longer line up with the sentences; a model trained with "
+        "--bf16 decodes in bf16 through fairseq's own from_pretrained, unasked",
+        "hub_utils.GeneratorHubInterface.sample, GeneratorHubInterface.generate, GeneratorHubInterface.__init__",
     ),
     Fix(
         "dropped_sentences",

@@ -13,6 +13,7 @@ import os
 import tarfile
 from typing import Dict, Tuple
 
+import torch
 from fairseq import file_utils, hub_utils
 from fairseq.models import ARCH_MODEL_REGISTRY
 from omegaconf import open_dict
@@ -37,12 +38,35 @@ def converted_path(checkpoint_path: str) -> str:
     return root + CONVERTED_SUFFIX
 
 
+SOURCE_STAMP = "convs2s_converted_from"  # (size, mtime_ns) of the fconv file a conversion was made from
+
+
+def _stamp(path: str) -> list:
+    st = os.stat(path)
+    return [st.st_size, st.st_mtime_ns]
+
+
+def _converted_from_this(target: str, path: str) -> bool:
+    """Whether the conversion at ``target`` is of the file now at ``path`` (or ``path`` is gone). A file replaced by
+    another with an older timestamp (``cp -p``, ``rsync -a``, ``tar x``) is not taken for the one converted."""
+    if not os.path.exists(path):
+        return True
+    try:
+        stamp = read_checkpoint(target, mmap=True).get(SOURCE_STAMP)
+    except ConversionError:
+        return False  # (a broken conversion: made anew)
+    if stamp is None:  # converted before the stamp was recorded: the timestamps alone
+        return os.path.getmtime(target) >= os.path.getmtime(path)
+    return list(stamp) == _stamp(path)
+
+
 def prepare_checkpoint(path: str, model_class) -> str:
     """The file to load for the checkpoint at ``path``: ``path`` itself if it is a convs2s checkpoint; for an fconv
-    one its conversion, written now unless an up-to-date one is already there (newer than ``path``, or ``path``
-    gone). Anything else raises a ``ValueError`` (a ``ConversionError``) that says what the file is."""
+    one its conversion, written now unless one made from the file now at ``path`` is already there (by the size and
+    modification time it records; older conversions by their timestamps), or ``path`` is gone. Anything else raises
+    a ``ValueError`` (a ``ConversionError``) that says what the file is."""
     target = converted_path(path)
-    if os.path.exists(target) and (not os.path.exists(path) or os.path.getmtime(target) >= os.path.getmtime(path)):
+    if os.path.exists(target) and _converted_from_this(target, path):
         logger.info(f"loading {target}, converted earlier from the fconv checkpoint {path}")
         return target
     checkpoint = read_checkpoint(path, mmap=True)  # cheap: only cfg is looked at unless it needs converting
@@ -50,6 +74,7 @@ def prepare_checkpoint(path: str, model_class) -> str:
     if arch in FCONV_ARCHS:
         logger.info(f"{path} is an fconv checkpoint ({arch}): converting it once to {target}")
         converted = convert_checkpoint(checkpoint, model_class)
+        converted[SOURCE_STAMP] = _stamp(path)
         try:
             save_atomically(converted, target)
         except OSError as e:
@@ -165,8 +190,12 @@ def from_pretrained(model_class, model_name_or_path, checkpoint_file="model.pt",
             raise
         raise _languages_error(model_dir, data_name_or_path) from None
     cfg = loaded["args"]
-    with open_dict(cfg):
-        # bf16 decoding (ConvS2SModel.prepare_for_inference_) when asked here, not because the checkpoint's
-        # training ran with --bf16, which its saved settings (this cfg) say
-        cfg.common.bf16 = bool(kwargs.get("bf16", False))
-    return hub_utils.GeneratorHubInterface(cfg, loaded["task"], loaded["models"])
+    with open_dict(cfg):  # the checkpoint's --bf16 says how the model trained, not how to decode it
+        cfg.common.bf16 = False
+    hub = hub_utils.GeneratorHubInterface(cfg, loaded["task"], loaded["models"])
+    if kwargs.get("bf16", False):  # asked here: as ConvS2SModel.prepare_for_inference_ with --bf16, weight norm
+        for model in hub.models:  # folded in fp32 (above), then every weight rounded once
+            model.to(torch.bfloat16)
+        with open_dict(cfg):
+            cfg.common.bf16 = True
+    return hub
