@@ -7,6 +7,7 @@ with ``--user-dir`` pointing at this repository's plugin.
 
 import json
 import math
+import re
 import signal
 import subprocess
 import sys
@@ -309,6 +310,24 @@ def test_interactive_answers_every_line(trained):
     check_ok(batched)
     batched_hyps = {i: split_hypothesis(h)[1] for i, h in hypothesis_lines(batched.stdout)["H"].items()}
     assert batched_hyps == hyps
+
+
+def test_options_the_tools_cannot_print_are_refused_before_decoding(trained):
+    """fairseq-generate --print-step (a beam search records no steps) and fairseq-interactive --print-alignment
+    soft (it prints hard alignments only) decoded a batch and then failed, with KeyError: 'steps' and 'too many
+    values to unpack', for any model: now a ValueError naming the flag, before anything is printed."""
+    refused = [
+        (generate(trained.folder, "bin", "ckpt/checkpoint_last.pt", "--print-step", check=False), "--print-step"),
+        (
+            _interactive(trained.folder, "ckpt/checkpoint_last.pt", ["s1 s2"], "--print-alignment", "soft"),
+            "fairseq-interactive prints hard alignments only",
+        ),
+    ]
+    for proc, message in refused:
+        assert proc.returncode != 0 and f"ValueError: {message}" in proc.stderr, tail(proc)
+        assert not re.search(r"^[SHDP]-\d", proc.stdout, re.MULTILINE), tail(proc)
+    hard = _interactive(trained.folder, "ckpt/checkpoint_last.pt", ["s1 s2"], "--print-alignment", "hard")
+    assert re.search(r"^A-0\t\d+-\d+", check_ok(hard).stdout, re.MULTILINE), tail(hard)
 
 
 def test_interactive_ends_in_one_line_on_ctrl_c_and_quietly_when_its_reader_goes(trained, tmp_path):

@@ -1,5 +1,7 @@
 """fairseq's diverse beam search decodes any batch once the plugin is imported, and a beam or n-best of none is
-refused before decoding (``fairseq_convs2s.compat.search``)."""
+refused before decoding (``fairseq_convs2s.compat.search``; the options the tools cannot print: test_cli.py)."""
+
+import inspect
 
 import pytest
 import torch
@@ -29,6 +31,11 @@ def setup():
     dictionary = make_dictionary(25)
     model = build_model(dictionary=dictionary).eval()
     return model, dictionary, random_batch(dictionary, LENGTHS, seed=11)
+
+
+def fairseqs_build_generator(task, *args):
+    """fairseq's own ``FairseqTask.build_generator``, under the plugin's wrappers of it."""
+    return inspect.unwrap(FairseqTask.build_generator)(task, *args)
 
 
 def test_a_batch_of_any_ids_decodes_as_each_sentence_alone(setup):
@@ -74,7 +81,7 @@ def test_an_nbest_above_the_beam_is_refused(setup):
     task = TranslationTask(TranslationConfig(), dictionary, dictionary)
     with pytest.raises(ValueError, match="--nbest 3 asks for more hypotheses than --beam 2 keeps"):
         task.build_generator([model], GenerationConfig(beam=2, nbest=3))
-    generator = FairseqTask.build_generator.__wrapped__(task, [model], GenerationConfig(beam=2, nbest=3))
+    generator = fairseqs_build_generator(task, [model], GenerationConfig(beam=2, nbest=3))
     sample = {"net_input": {"src_tokens": src, "src_lengths": src.ne(dictionary.pad()).sum(1)}}
     with torch.no_grad():
         assert {len(hypotheses) for hypotheses in generator.generate([model], sample)} == {2}
@@ -84,7 +91,7 @@ def test_fairseqs_generator_fails_inside_decoding_with_a_beam_of_none(setup):
     """What the check is for: fairseq builds the generator and fails at the first step, inside the model."""
     model, dictionary, src = setup
     task = TranslationTask(TranslationConfig(), dictionary, dictionary)
-    generator = FairseqTask.build_generator.__wrapped__(task, [model], GenerationConfig(beam=0))
+    generator = fairseqs_build_generator(task, [model], GenerationConfig(beam=0))
     sample = {"net_input": {"src_tokens": src, "src_lengths": src.ne(dictionary.pad()).sum(1)}}
     with torch.no_grad(), pytest.raises(RuntimeError, match="0 elements"):
         generator.generate([model], sample)

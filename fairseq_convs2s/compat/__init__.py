@@ -86,6 +86,13 @@ FIXES: List[Fix] = [
         "FairseqTask.build_generator",
     ),
     Fix(
+        "unprintable_options",
+        search.refuse_unprintable_options,
+        "fairseq-generate --print-step ends in KeyError: 'steps' and fairseq-interactive --print-alignment soft in "
+        "ValueError: too many values to unpack, after the first batch is decoded",
+        "FairseqTask.build_generator, fairseq_cli.interactive.main (when that tool runs)",
+    ),
+    Fix(
         "hub_inputs",
         hub.check_hub_inputs,
         "the hub's translate fails deep inside on None, bytes or a float beam (NoneType is not iterable, Input must "

@@ -14,6 +14,12 @@ Patched on importing the plugin, for every model of the process; a fairseq whose
 inside the first decoding step (a reshape of no rows, or a tensor of negative size), ``--nbest 0`` printed no
 hypothesis and then divided by zero in fairseq's BLEU, and an ``--nbest`` above a beam search's ``--beam`` printed
 ``--beam`` hypotheses a sentence without a word; each is now a ``ValueError`` naming the flags, before decoding.
+
+``refuse_unprintable_options`` refuses, before decoding, two flags fairseq's tools accept and then fail on after
+the first batch, for any model: ``fairseq-generate --print-step`` (``KeyError: 'steps'``: only the iterative
+refinement models of ``--task translation_lev``, whose task builds another generator, record steps) and
+``fairseq-interactive --print-alignment soft`` (``ValueError: too many values to unpack``: it prints hard
+alignments only; ``fairseq-generate`` prints soft ones).
 """
 
 import inspect
@@ -25,6 +31,8 @@ from fairseq.tasks import FairseqTask
 from torch import Tensor
 
 from fairseq_convs2s_autoload import is_replaced, replace
+
+from .quiet_exits import loaded_tool_modules
 
 
 def positions_in_batch(ids_at_start: Tensor, ids: Tensor) -> Tensor:
@@ -81,3 +89,36 @@ def refuse_empty_beams() -> None:
         return generator
 
     replace(FairseqTask, "build_generator", build_generator_checked, "refuse_empty_beams")
+
+
+def refuse_unprintable_options() -> None:
+    """Wrap ``FairseqTask.build_generator`` to refuse ``--print-step``, and the loaded ``fairseq-interactive``'s
+    ``main`` to refuse ``--print-alignment soft`` (idempotent)."""
+    original_build = FairseqTask.build_generator
+    if not is_replaced(original_build, "unprintable_options"):
+
+        def build_generator_printable(self, models, args, *rest, **kwargs):
+            if getattr(args, "print_step", False):
+                raise ValueError(
+                    "--print-step prints the refinement steps of fairseq's iterative models (--task translation_lev); "
+                    "a beam search records none"
+                )
+            return original_build(self, models, args, *rest, **kwargs)
+
+        replace(FairseqTask, "build_generator", build_generator_printable, "unprintable_options")
+
+    for module in loaded_tool_modules("fairseq_cli.interactive", "main", "cli_main"):
+        if not is_replaced(module.main, "unprintable_options"):
+            replace(module, "main", _refusing_soft_alignments(module.main), "unprintable_options")
+
+
+def _refusing_soft_alignments(main):
+    def wrapper(cfg, **kwargs):
+        if getattr(cfg.generation, "print_alignment", None) == "soft":
+            raise ValueError(
+                "fairseq-interactive prints hard alignments only (--print-alignment, or --print-alignment hard); "
+                "fairseq-generate --print-alignment soft prints soft ones"
+            )
+        return main(cfg, **kwargs)
+
+    return wrapper
