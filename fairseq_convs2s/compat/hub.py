@@ -101,7 +101,7 @@ def check_hub_inputs() -> None:
                 f"{lengths}): shorten them, or pass skip_invalid_size_inputs=True to have them answered with no "
                 f"translation"
             )
-        logger.warning("no translation for %d sentences longer than %d positions (%s)", len(too_long), limit, lengths)
+        logger.warning("no translation for %d sentences longer than %s (%s)", len(too_long), what, lengths)
         skipped = set(too_long)
         kept = [tokens for i, tokens in enumerate(tokenized_sentences) if i not in skipped]
         found = iter(original_generate(self, kept, beam, verbose, **kwargs) if kept else [])
