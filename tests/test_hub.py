@@ -185,6 +185,9 @@ def test_translate_names_bad_arguments_and_answers_every_sentence(spm_trained):
     assert hub.generate(tokens[1], skip_invalid_size_inputs=True, max_len_b=MAX_LEN_B) == []
     # nbest: that many hypotheses a sentence (fairseq set it on its config, read by nothing: the whole beam)
     assert [len(h) for h in hub.generate([tokens[0], tokens[2]], nbest=3, max_len_b=MAX_LEN_B)] == [3, 3]
+    # no room for a hypothesis: named (fairseq: AssertionError "min_len cannot be larger than max_len")
+    with pytest.raises(ValueError, match=re.escape("--max-len-b 0 (with --max-len-a 0) leaves no room")):
+        hub.translate(SPM_SENTENCES[0], max_len_b=0)
 
 
 def test_a_sentence_longer_than_max_tokens_is_answered_in_its_place(spm_trained):

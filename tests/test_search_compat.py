@@ -2,6 +2,7 @@
 refused before decoding (``fairseq_convs2s.compat.search``; the options the tools cannot print: test_cli.py)."""
 
 import inspect
+import re
 
 import pytest
 import torch
@@ -94,4 +95,27 @@ def test_fairseqs_generator_fails_inside_decoding_with_a_beam_of_none(setup):
     generator = fairseqs_build_generator(task, [model], GenerationConfig(beam=0))
     sample = {"net_input": {"src_tokens": src, "src_lengths": src.ne(dictionary.pad()).sum(1)}}
     with torch.no_grad(), pytest.raises(RuntimeError, match="0 elements"):
+        generator.generate([model], sample)
+
+
+@pytest.mark.parametrize(
+    "options, message",
+    [
+        ({"max_len_b": 0}, "--max-len-b 0 (with --max-len-a 0) leaves no room for a hypothesis of --min-len 1"),
+        ({"max_len_b": 3, "min_len": 5}, "--max-len-b 3 (with --max-len-a 0) leaves no room for a hypothesis of "),
+        ({"max_len_b": 5000, "min_len": 2000}, "the model's 1023 target positions (with --max-len-a 0) leaves no"),
+    ],
+)
+def test_a_maximum_length_below_min_len_is_refused_naming_the_flags(setup, options, message):
+    """fairseq's generator asserted at every batch (``min_len cannot be larger than max_len``), naming no flag;
+    a maximum that grows with the source (``--max-len-a``) or is the source's (``--match-source-len``) is let be."""
+    model, dictionary, src = setup
+    task = TranslationTask(TranslationConfig(), dictionary, dictionary)
+    with pytest.raises(ValueError, match=re.escape(message)):
+        task.build_generator([model], GenerationConfig(**options))
+    for allowed in ({"max_len_b": 0, "max_len_a": 1.0}, {"max_len_b": 0, "match_source_len": True}, {"min_len": 3}):
+        task.build_generator([model], GenerationConfig(**allowed))
+    generator = fairseqs_build_generator(task, [model], GenerationConfig(**options))
+    sample = {"net_input": {"src_tokens": src, "src_lengths": src.ne(dictionary.pad()).sum(1)}}
+    with torch.no_grad(), pytest.raises(AssertionError, match="min_len cannot be larger than max_len"):
         generator.generate([model], sample)

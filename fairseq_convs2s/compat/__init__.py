@@ -82,7 +82,7 @@ FIXES: List[Fix] = [
         "refuse_empty_beams",
         search.refuse_empty_beams,
         "--beam 0 fails inside decoding; --nbest 0 divides by zero in BLEU; --nbest above --beam gives --beam "
-        "hypotheses, silently",
+        "hypotheses, silently; --max-len-b below --min-len (--max-len-a 0) asserts at every batch, naming no flag",
         "FairseqTask.build_generator",
     ),
     Fix(

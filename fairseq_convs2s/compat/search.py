@@ -10,10 +10,12 @@ such a batch decodes as each sentence alone; here every batch does, the ids mapp
 Patched on importing the plugin, for every model of the process; a fairseq whose search takes no
 ``original_batch_idxs`` is left alone.
 
-``refuse_empty_beams`` checks the two counts fairseq's generator is built with: ``--beam 0`` (or below) failed
+``refuse_empty_beams`` checks the counts and lengths fairseq's generator is built with: ``--beam 0`` (or below) failed
 inside the first decoding step (a reshape of no rows, or a tensor of negative size), ``--nbest 0`` printed no
 hypothesis and then divided by zero in fairseq's BLEU, and an ``--nbest`` above a beam search's ``--beam`` printed
-``--beam`` hypotheses a sentence without a word; each is now a ``ValueError`` naming the flags, before decoding.
+``--beam`` hypotheses a sentence without a word, and a ``--max-len-b`` below ``--min-len`` (with ``--max-len-a 0``,
+the default) failed at every batch in ``AssertionError: min_len cannot be larger than max_len``, naming neither
+flag; each is now a ``ValueError`` naming the flags, before decoding.
 
 ``refuse_unprintable_options`` refuses, before decoding, two flags fairseq's tools accept and then fail on after
 the first batch, for any model: ``fairseq-generate --print-step`` (``KeyError: 'steps'``: only the iterative
@@ -70,7 +72,8 @@ def fix_diverse_beam_search() -> None:
 
 def refuse_empty_beams() -> None:
     """Wrap ``FairseqTask.build_generator`` (fairseq-generate, fairseq-interactive, the hub, ``--eval-bleu``) to
-    refuse a ``--beam`` or ``--nbest`` below 1, and an ``--nbest`` above the beam (idempotent)."""
+    refuse a ``--beam`` or ``--nbest`` below 1, an ``--nbest`` above the beam, and lengths that leave no room for a
+    hypothesis (idempotent)."""
     original_build = FairseqTask.build_generator
     if is_replaced(original_build, "refuse_empty_beams"):
         return
@@ -86,9 +89,27 @@ def refuse_empty_beams() -> None:
             raise ValueError(
                 f"--nbest {nbest} asks for more hypotheses than --beam {beam} keeps: raise --beam to {nbest}"
             )
+        _check_room_for_min_len(args, generator)
         return generator
 
     replace(FairseqTask, "build_generator", build_generator_checked, "refuse_empty_beams")
+
+
+def _check_room_for_min_len(args, generator) -> None:
+    """Where a hypothesis's maximum length does not depend on the source (``--max-len-a 0``, no
+    ``--match-source-len``), refuse one below ``--min-len``: fairseq's generator asserts on it at every batch."""
+    min_len, max_len_b = getattr(generator, "min_len", None), getattr(generator, "max_len_b", None)
+    if min_len is None or max_len_b is None or getattr(generator, "max_len_a", 0) != 0:
+        return
+    if getattr(generator, "match_source_len", False):
+        return
+    positions = getattr(generator, "max_len", max_len_b + 1) - 1  # (the model's target positions, EOS's excluded)
+    if min(max_len_b, positions) < min_len:
+        bound = f"--max-len-b {max_len_b}" if max_len_b <= positions else f"the model's {positions} target positions"
+        raise ValueError(
+            f"{bound} (with --max-len-a 0) leaves no room for a hypothesis of --min-len {min_len}: "
+            f"raise --max-len-b or lower --min-len"
+        )
 
 
 def refuse_unprintable_options() -> None:
