@@ -15,8 +15,9 @@ import math
 import numbers
 import operator
 import os
+import re
 from pathlib import Path
-from typing import List, NamedTuple, Optional, Sequence
+from typing import List, NamedTuple, Optional, Sequence, Tuple
 
 import torch
 
@@ -26,6 +27,8 @@ from .search import beam_search
 logger = logging.getLogger("convs2s_runtime")
 
 COMPUTE_TYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+HEAD_WORDS_PER_POSITION = 8  # a source of more words than this a position is encoded from its head alone
+_WORD, _SPACE = re.compile(r"\S+"), re.compile(r"\s")  # (the words str.split finds, and what parts them)
 
 
 class TranslationHypothesis(NamedTuple):
@@ -100,12 +103,25 @@ class Translator:
     def source_ids(self, source: str, name: str = "a source") -> List[int]:
         """The dictionary ids of a source (its pieces, or whitespace-separated tokens) and EOS, cut to the model's
         source positions with a warning that calls it ``name``."""
-        ids = self._encode(source)
-        limit = self.model.max_source_positions
-        if len(ids) > limit:
-            logger.warning(f"{name}: {len(ids)} tokens (EOS included) cut to the model's {limit} positions")
-            ids = ids[: limit - 1] + [self.eos]
+        ids, length = self._ids_within_positions(source)
+        if length is not None:
+            logger.warning(f"{name}: {length} cut to the model's {self.model.max_source_positions} positions")
         return ids
+
+    def _ids_within_positions(self, source: str) -> Tuple[List[int], Optional[str]]:
+        """The source's ids within the positions, and where they were cut, its length: its tokens (EOS included),
+        or, for a source of more than ``HEAD_WORDS_PER_POSITION`` words a position, its words. Only such a source's
+        head is encoded (each word is one token or more): memory follows the positions, not the line."""
+        limit = self.model.max_source_positions
+        head, words = _head(source, HEAD_WORDS_PER_POSITION * limit)
+        ids = self._encode(head)
+        if words is None or len(ids) < limit:  # (the whole source, or a head of words that make no token)
+            ids, length = (ids, None) if words is None else (self._encode(source), None)
+        else:
+            length = f"{words} words"
+        if len(ids) <= limit:
+            return ids, None
+        return ids[: limit - 1] + [self.eos], length or f"{len(ids)} tokens (EOS included)"
 
     def _encode(self, source: str) -> List[int]:
         if self._sentencepiece:
@@ -118,7 +134,7 @@ class Translator:
     def max_hypothesis_length(self, source: str, max_len_a: float = 0.0, max_len_b: int = 200) -> int:
         """The most tokens (EOS excluded) a hypothesis of ``source`` may have: ``max_len_a * its tokens + max_len_b``
         (EOS included, after the cut to the source positions) within the model's target positions."""
-        return self._max_len(min(len(self._encode(source)), self.model.max_source_positions), max_len_a, max_len_b)
+        return self._max_len(len(self._ids_within_positions(source)[0]), max_len_a, max_len_b)
 
     def max_hypothesis_length_of_any(self, max_len_a: float = 0.0, max_len_b: int = 200) -> int:
         """The most tokens a hypothesis of any non-empty source may have (the longest source's, or the shortest's
@@ -219,6 +235,25 @@ class Translator:
         if hypothesis.attention is not None:
             attention = hypothesis.attention[:, -source_length:].tolist()  # the source's own positions (left-padded)
         return TranslationHypothesis(tokens, text, hypothesis.score, attention)
+
+
+def _head(source: str, words: int) -> Tuple[str, Optional[int]]:
+    """``source`` itself and None if it has at most ``words`` words; else its first ``words`` words and how many it
+    has, counted 64 KiB at a time (a list of every word would take many times the line's size)."""
+    end = None
+    for count, match in enumerate(_WORD.finditer(source), 1):
+        if count > words:
+            break
+        end = match.end()
+    else:
+        return source, None
+    total, start = words, end
+    while start < len(source):
+        space = _SPACE.search(source, min(start + 2**16, len(source)))  # (a chunk ends between two words)
+        stop = space.start() if space else len(source)
+        total += len(source[start:stop].split())
+        start = stop + 1
+    return source[:end], total
 
 
 def _whole(name: str, value, least: int) -> int:

@@ -12,6 +12,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tracemalloc
 from pathlib import Path
 from subprocess import PIPE
 
@@ -184,6 +185,27 @@ def test_the_command_line_answers_every_line_in_order(tmp_path):
     assert [o for o, line in zip(out, lines) if not line] == ["", ""]
     assert [o for o, line in zip(out, lines) if line] == expected
     assert f"cut to the model's {max_positions} positions" in proc.stderr
+
+
+def test_a_line_far_longer_than_the_positions_is_encoded_from_its_head(tmp_path, caplog):
+    """A source of more than 8 words a position: the ids of the whole line cut to the positions, its words counted,
+    and memory that follows the positions, not the line (a list of its every word took 2.2 GB for a 64 MB line)."""
+    d = make_dictionary(25)
+    export(_convs2s_checkpoint(tmp_path, "convs2s_iwslt_de_en", d), tmp_path / "model")
+    translator = Translator(tmp_path / "model")
+    limit = translator.model.max_source_positions
+    words = [f"w{i % 30}" for i in range(600_000)]  # (w25 to w29 unknown)
+    line = " \t".join(words)
+    tracemalloc.start()
+    try:
+        ids = translator.source_ids(line, "line 1")
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < len(line), f"{peak} bytes to encode a line of {len(line)}"
+    assert ids == [d.index(w) for w in words[: limit - 1]] + [d.eos()]
+    assert f"line 1: 600000 words cut to the model's {limit} positions" in caplog.text
+    assert translator.max_hypothesis_length(line, 1.0, 0) == min(limit, translator.model.max_target_positions - 1)
 
 
 def test_lines_longer_than_a_read_arrive_whole(tmp_path):
@@ -614,6 +636,11 @@ def test_export_checks_the_sentencepiece_model_and_the_languages(tmp_path, capsy
     for line in ("the cat\u0085 sat", "the\u001fcat hid\u0085", "the cat sat"):
         fairseq_ids = pieces.encode_line(" ".join(processor.encode(line, out_type=str)), add_if_not_exist=False)
         assert translator.source_ids(line) == fairseq_ids.tolist(), line
+    # a line of more words than 8 a position, encoded from its head alone: the ids of the whole line, cut
+    limit = translator.model.max_source_positions
+    line = "the cat sat on the\u0085 mat " * (2 * limit)
+    whole = pieces.encode_line(" ".join(processor.encode(line, out_type=str)), add_if_not_exist=False).tolist()
+    assert translator.source_ids(line) == whole[: limit - 1] + [pieces.eos()]
 
     words = _convs2s_checkpoint(tmp_path, "convs2s_iwslt_de_en", make_dictionary(25))
     assert export_main([str(words), str(tmp_path / "w"), "--sentencepiece-model", str(tmp_path / "spm.model")]) == 1
