@@ -115,13 +115,12 @@ class Translator:
         limit = self.model.max_source_positions
         head, words = _head(source, HEAD_WORDS_PER_POSITION * limit)
         ids = self._encode(head)
-        if words is None or len(ids) < limit:  # (the whole source, or a head of words that make no token)
-            ids, length = (ids, None) if words is None else (self._encode(source), None)
-        else:
-            length = f"{words} words"
+        if words is not None and len(ids) < limit:  # (a head of words that make no token: the whole source)
+            ids, words = self._encode(source), None
         if len(ids) <= limit:
             return ids, None
-        return ids[: limit - 1] + [self.eos], length or f"{len(ids)} tokens (EOS included)"
+        length = f"{len(ids)} tokens (EOS included)" if words is None else f"{words} words"
+        return ids[: limit - 1] + [self.eos], length
 
     def _encode(self, source: str) -> List[int]:
         if self._sentencepiece:
