@@ -13,6 +13,15 @@ MODEL_DIR`` translates stdin. Nothing here imports fairseq or the plugin (``test
 - ``translator.py``: the API, after CTranslate2's.
 """
 
-from .translator import TranslationHypothesis, TranslationResult, Translator
+import sys
+
+try:
+    from .translator import TranslationHypothesis, TranslationResult, Translator
+except KeyboardInterrupt:
+    if sys.argv[:1] != ["-m"]:  # (imported by a program, which handles its interrupts)
+        raise
+    # Ctrl-C in the seconds `python -m convs2s_runtime` spends importing torch: one line, as later
+    print("convs2s_runtime: interrupted while starting", file=sys.stderr)
+    sys.exit(130)
 
 __all__ = ["Translator", "TranslationResult", "TranslationHypothesis"]

@@ -6,11 +6,20 @@ Importing the package registers the ``convs2s`` model, its ``--arch`` presets, t
 to fairseq (``compat``: one file per fix, listed in one table there).
 """
 
-from . import compat
+import sys
 
-compat.install()
+try:
+    from . import compat
 
-from . import budget_schedule, criterions, models  # noqa: E402,F401  (registers the model, presets, criteria, schedule)
-from .models import ConvS2SModel  # noqa: E402,F401
+    compat.install()
+
+    from . import budget_schedule, criterions, models  # noqa: F401  (registers the model, presets, criteria, schedule)
+    from .models import ConvS2SModel  # noqa: F401
+except KeyboardInterrupt:
+    if sys.argv[:1] != ["-m"]:  # (imported by a program, which handles its interrupts)
+        raise
+    # Ctrl-C in the seconds `python -m fairseq_convs2s.TOOL` spends importing torch and fairseq: one line, as later
+    print("fairseq_convs2s: interrupted while starting", file=sys.stderr)
+    sys.exit(130)
 
 __version__ = "0.1.0"

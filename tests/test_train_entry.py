@@ -1,5 +1,5 @@
 """``python -m fairseq_convs2s.train``: mistakes in its command line end in one usage line that says what to add,
-not in an error from inside fairseq or torch."""
+not in an error from inside fairseq or torch; Ctrl-C while it (or another ``python -m`` tool) starts, in one line."""
 
 import os
 import subprocess
@@ -8,7 +8,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from cli_helpers import PLUGIN_DIR, launcher_cmd, make_splits, preprocess, tail, update_records
+from cli_helpers import PLUGIN_DIR, REPO_ROOT, launcher_cmd, make_splits, preprocess, tail, update_records
 
 NO_GPU = "without --cpu needs a GPU, and torch finds none: add --cpu to train on the CPU"
 
@@ -92,3 +92,19 @@ def test_torchrun_starts_the_ranks_of_one_cpu_training(corpus):
     assert "initialized host" in log and "as rank 1" in log and "'distributed_world_size': 2" in log, tail(proc)
     assert [int(r["num_updates"]) for r in update_records(proc.stdout)] == [1, 2], tail(proc)
     assert (corpus / "ranks" / "checkpoint_last.pt").is_file()
+
+
+@pytest.mark.parametrize("tool", ["fairseq_convs2s.train", "fairseq_convs2s.export", "convs2s_runtime"])
+def test_ctrl_c_while_a_tool_imports_torch_is_one_line(tool, tmp_path):
+    """Ctrl-C in the seconds a ``python -m`` tool spends importing torch and fairseq ended in Python's traceback;
+    here a torch whose import is interrupted stands in for the keypress (no timing). A program that imports the
+    package gets the KeyboardInterrupt, to handle as it will."""
+    (tmp_path / "torch").mkdir()
+    (tmp_path / "torch" / "__init__.py").write_text("raise KeyboardInterrupt\n")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(REPO_ROOT)])}
+    proc = subprocess.run([sys.executable, "-m", tool, "x"], env=env, capture_output=True, text=True, timeout=120)
+    package = tool.split(".")[0]
+    assert (proc.returncode, proc.stderr) == (130, f"{package}: interrupted while starting\n"), tail(proc)
+    imported = [sys.executable, "-c", f"import {package}"]
+    proc = subprocess.run(imported, env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode != 0 and proc.stderr.rstrip().endswith("KeyboardInterrupt"), tail(proc)
