@@ -413,6 +413,26 @@ def test_costs():
     assert costs.tolist() == [[0.0, 0.0]]
 
 
+@pytest.mark.parametrize("cost", ["bleu", "chrf"])
+def test_an_unk_earns_no_credit_against_an_unk_in_the_reference(cost):
+    """An <unk> in a candidate scores as any wrong word against an <unk> in the reference. chrF compared the
+    placeholder strings' characters (UNKNOWNTOKENINHYP against UNKNOWNTOKENINREF), so a candidate with <unk>
+    where the reference had one cost 0.15 against 0.50 for a real word: --risk-cost chrf trained towards <unk>."""
+    d = Dictionary()
+    for s in ("a", "man", "rides", "down", "the", "street", "z"):
+        d.add_symbol(s)
+    crit = _criterion(d, risk_cost=cost)
+
+    def ids(*words):
+        return torch.tensor([d.unk() if w == "<unk>" else d.index(w) for w in words] + [d.eos()])
+
+    ref = ids("a", "man", "rides", "<unk>", "down", "the", "street")
+    with_unk = ids("a", "man", "rides", "<unk>", "down", "the", "street")
+    wrong_word = ids("a", "man", "rides", "z", "down", "the", "street")  # "z": no character of the reference
+    costs = crit.candidate_costs([[ref, with_unk, wrong_word]])[0]
+    assert costs[1].item() == pytest.approx(costs[2].item()) and costs[1].item() > 0.0, costs.tolist()
+
+
 # ---- start-up errors ------------------------------------------------------------------------------------------
 
 

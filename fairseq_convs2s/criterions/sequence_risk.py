@@ -56,6 +56,10 @@ from .fused_label_smoothed import normalizes_by_log_softmax, projects_selected_r
 from .label_smoothed_loss import label_smoothed_nll_loss_from_logits
 from .risk_config import SequenceRiskConfig, resolve_post_process
 
+# what an <unk> becomes in the text a text cost compares: two characters that share nothing with each other or
+# with any text (fairseq's UNKNOWNTOKENINREF and UNKNOWNTOKENINHYP share 14 characters, which chrF credits)
+REFERENCE_UNK, CANDIDATE_UNK = "\ue000", "\ue001"
+
 
 @dataclass
 class CandidateSet:
@@ -189,9 +193,10 @@ class SequenceRiskCriterion(FairseqCriterion):
         rows = []
         for ref, *cands in tokens:
             if self.cost.needs_text:
-                # an <unk> in the reference must not match an <unk> in a candidate (as fairseq's --eval-bleu)
-                ref_value = self._text(ref, unk_string="UNKNOWNTOKENINREF")
-                values = [self._text(c, unk_string="UNKNOWNTOKENINHYP") for c in cands]
+                # an <unk> in the reference must not match an <unk> in a candidate (as fairseq's --eval-bleu),
+                # nor any part of it: one private-use character each, as chrF compares characters
+                ref_value = self._text(ref, unk_string=REFERENCE_UNK)
+                values = [self._text(c, unk_string=CANDIDATE_UNK) for c in cands]
             else:
                 ref_value = [t if t != self.tgt_dict.unk() else -1 for t in _strip_eos(ref, self.tgt_dict).tolist()]
                 values = [_strip_eos(c, self.tgt_dict).tolist() for c in cands]
