@@ -367,6 +367,20 @@ def test_generated_candidates_and_training_mode(tiny):
     assert any(p.grad is not None and p.grad.abs().sum() > 0 for p in tiny.model.parameters())
 
 
+def test_sampling_topk_above_the_vocabulary_samples_from_all_tokens(tiny):
+    """--risk-sampling-topk larger than the target vocabulary samples from every token, as -1 does; it failed at
+    the first update inside fairseq's search (RuntimeError: selected index k out of range)."""
+    tiny.model.float()
+    crit = _criterion(tiny.dictionary, risk_candidates=4, risk_sampling=True, risk_sampling_topk=100)
+    torch.manual_seed(1)
+    cands = crit.generate_candidates(tiny.model, tiny.sample)
+    torch.manual_seed(1)
+    everything = _criterion(tiny.dictionary, risk_candidates=4, risk_sampling=True).generate_candidates(
+        tiny.model, tiny.sample
+    )
+    assert [[c.tolist() for c in row] for row in cands] == [[c.tolist() for c in row] for row in everything]
+
+
 def test_include_reference_puts_the_reference_in_the_set(tiny):
     """With --risk-include-reference column 0 is the reference, in the set, with cost 0 from the cost function's
     side (a candidate equal to the reference is then a duplicate); without it the reference is out of the set and

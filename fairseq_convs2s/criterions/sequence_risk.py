@@ -125,7 +125,8 @@ class SequenceRiskCriterion(FairseqCriterion):
         self.alpha = float(risk_alpha)
         self.num_candidates = risk_candidates
         self.sampling = risk_sampling
-        self.sampling_topk = risk_sampling_topk
+        # a k at least the vocabulary's size is every token (fairseq's search fails on a k above it)
+        self.sampling_topk = risk_sampling_topk if risk_sampling_topk < len(task.target_dictionary) else -1
         self.include_reference = risk_include_reference
         self.cost: SequenceCost = COSTS[str(risk_cost)]
         self.max_len_a = risk_max_len_a
