@@ -120,6 +120,7 @@ def test_finetune_ends_a_failed_or_interrupted_command_in_one_line(tmp_path, mon
     finetune = _finetune()
     monkeypatch.setattr(finetune, "language_pair", lambda data: ("de", "en"))
     monkeypatch.setattr(finetune, "checkpoint_model_flags", lambda checkpoint: ["--arch", "convs2s_iwslt_de_en"])
+    monkeypatch.setattr(finetune, "recorded_language_pair", lambda checkpoint: None)
     (tmp_path / "model.pt").write_text("")
     argv = [str(tmp_path), str(tmp_path / "model.pt"), "--out", str(tmp_path / "out"), "--post-process", "none"]
 
@@ -151,6 +152,7 @@ def test_finetune_never_reports_a_run_another_command_trained(tmp_path, monkeypa
     finetune = _finetune()
     monkeypatch.setattr(finetune, "language_pair", lambda data: ("de", "en"))
     monkeypatch.setattr(finetune, "checkpoint_model_flags", lambda checkpoint: ["--arch", "convs2s_iwslt_de_en"])
+    monkeypatch.setattr(finetune, "recorded_language_pair", lambda checkpoint: None)
     monkeypatch.setattr(finetune, "previous_training_time", lambda checkpoint: 36.0)
     monkeypatch.setattr(finetune, "bleu", lambda *args: "BLEU = 30.00 60.0/40.0/30.0/20.0")
     trained = []
@@ -175,6 +177,41 @@ def test_finetune_never_reports_a_run_another_command_trained(tmp_path, monkeypa
     message = f"finetune.py: error: {tmp_path / 'out' / 'risk'} was trained by another command (--risk-alpha 0.3, "
     assert str(ended.value.code).startswith(message + "this command 0.5): give this command its own --out")
     assert trained == ["risk", "token", "token-time"] and "$ " not in capsys.readouterr().out
+
+
+def test_finetune_trains_and_scores_the_direction_the_checkpoint_was_trained_in(tmp_path, monkeypatch):
+    """A checkpoint trained en -> de on a data-bin binarized de-en (fairseq-train --source-lang en --target-lang de
+    reads it either way) was fine-tuned and scored de -> en, the direction of the data's file names: silently with
+    a joined dictionary. The checkpoint's recorded languages now win, in every command."""
+    finetune = _finetune()
+    data = tmp_path / "data-bin"
+    data.mkdir()
+    for lang in ("de", "en"):
+        (data / f"dict.{lang}.txt").write_text("hallo 1\nhello 1\n")
+        (data / f"train.de-en.{lang}.bin").write_bytes(b"")
+    args = argparse.Namespace(arch="convs2s_iwslt_de_en", _name="convs2s_iwslt_de_en")
+    task = {"_name": "translation", "source_lang": "en", "target_lang": "de"}
+    state = {"cfg": {"model": args, "task": task}, "model": {}, "extra_state": {}}
+    state["optimizer_history"] = [{"criterion_name": "x", "lr_scheduler_state": {"best": 5.0}, "num_updates": 1}]
+    torch.save(state, tmp_path / "checkpoint.pt")
+    monkeypatch.setattr(finetune, "previous_training_time", lambda checkpoint: 36.0)
+    commands = []
+
+    def run(cmd, log):
+        commands.append(cmd)
+        if "--save-dir" in cmd:
+            save_dir = Path(cmd[cmd.index("--save-dir") + 1])
+            save_dir.mkdir(parents=True)
+            (save_dir / "checkpoint_last.pt").write_text("")
+            return "num_updates=100"
+        return "BLEU = 30.00 60.0/40.0/30.0/20.0 (BP = 1.000 ratio = 1.000)"
+
+    monkeypatch.setattr(finetune, "run", run)
+    finetune.main([str(data), str(tmp_path / "checkpoint.pt"), "--out", str(tmp_path / "out"), "--no-time-matched"])
+    assert len(commands) == 5  # the start scored, then each of two runs trained and scored
+    for cmd in commands:
+        assert (cmd.count("--source-lang"), cmd.count("--target-lang")) == (1, 1), cmd
+        assert cmd[cmd.index("--source-lang") + 1] == "en" and cmd[cmd.index("--target-lang") + 1] == "de", cmd
 
 
 def test_finetunes_counts_must_be_at_least_one(tmp_path, capsys):
@@ -226,6 +263,7 @@ def test_finetune_records_the_subset_it_scores_and_the_summary_compares_it(tmp_p
     finetune = _finetune()
     monkeypatch.setattr(finetune, "language_pair", lambda data: ("de", "en"))
     monkeypatch.setattr(finetune, "checkpoint_model_flags", lambda checkpoint: ["--arch", "convs2s_iwslt_de_en"])
+    monkeypatch.setattr(finetune, "recorded_language_pair", lambda checkpoint: None)
     monkeypatch.setattr(finetune, "previous_training_time", lambda checkpoint: 36.0)
     monkeypatch.setattr(finetune, "bleu", lambda *args: "BLEU = 30.00 60.0/40.0/30.0/20.0")
 

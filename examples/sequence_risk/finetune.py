@@ -25,7 +25,7 @@ import sys
 import time
 from argparse import Namespace
 from pathlib import Path
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Tuple
 
 USER_DIR = Path(__file__).resolve().parent.parent.parent / "fairseq_convs2s"
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -110,6 +110,23 @@ def language_pair(data: Path):
     raise ValueError(f"{data}: no binarized split found (expected e.g. train.de-en.de.bin)")
 
 
+def recorded_language_pair(checkpoint: Path) -> Optional[Tuple[str, str]]:
+    """(source, target) that the checkpoint was trained with (fairseq-train's --source-lang and --target-lang), or
+    None where it did not record both. A data-bin binarized de-en trains en -> de too, so its names do not tell."""
+    from fairseq import checkpoint_utils
+
+    import fairseq_convs2s  # noqa: F401
+    from fairseq_convs2s.compat.broken_checkpoints import BrokenCheckpoint
+
+    try:
+        task = checkpoint_utils.load_checkpoint_to_cpu(str(checkpoint))["cfg"].get("task") or {}
+    except BrokenCheckpoint as e:
+        raise ValueError(str(e)) from None
+    values = vars(task) if isinstance(task, Namespace) else dict(task)
+    source, target = values.get("source_lang"), values.get("target_lang")
+    return (str(source), str(target)) if source and target else None
+
+
 def run(cmd: List[str], log: Path) -> str:
     """Run a command with its output in ``log`` and return that output; when it fails, print the log's tail and
     raise :class:`CommandFailed` (on an interrupt ``subprocess.run`` ends the command too)."""
@@ -124,13 +141,14 @@ def run(cmd: List[str], log: Path) -> str:
     return text
 
 
-def bleu(args, checkpoint: Path, post_process: str, device: List[str], log: Path) -> str:
-    """fairseq-generate's sacrebleu line for ``checkpoint`` on --gen-subset: 'BLEU = 96.93 99.7/... (BP = ...)'."""
+def bleu(args, checkpoint: Path, post_process: str, extra: List[str], log: Path) -> str:
+    """fairseq-generate's sacrebleu line for ``checkpoint`` on --gen-subset: 'BLEU = 96.93 99.7/... (BP = ...)';
+    ``extra``: the languages and the device."""
     cmd = [
         *fairseq("generate"), str(args.data), "--user-dir", str(USER_DIR), "--path", str(checkpoint),
         "--gen-subset", args.gen_subset, "--beam", "5", "--batch-size", "64", "--required-batch-size-multiple", "1",
         "--max-len-a", str(args.max_len_a), "--max-len-b", str(args.max_len_b),
-        "--scoring", "sacrebleu", "--post-process", post_process, "--quiet", *device,
+        "--scoring", "sacrebleu", "--post-process", post_process, "--quiet", *extra,
     ]  # fmt: skip
     m = re.search(r"(BLEU = [0-9.]+ [0-9./]+ \(BP = [0-9.]+ ratio = [0-9.]+)", run(cmd, log))
     if not m:
@@ -182,6 +200,7 @@ def main(argv: Optional[List[str]] = None) -> None:
         parser.error(f"argument data: {e}")
     try:
         model_flags = checkpoint_model_flags(args.checkpoint)
+        pair = recorded_language_pair(args.checkpoint) or pair
     except ValueError as e:
         parser.error(f"argument checkpoint: {e}")
     with errors_in_one_line("finetune.py"):
@@ -195,9 +214,11 @@ def fine_tune(args, pair, model_flags: List[str]) -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     device = [] if torch.cuda.is_available() else ["--cpu"]
     src, tgt = pair
+    languages = ["--source-lang", src, "--target-lang", tgt]
+    generate_flags = [*languages, *device]  # (without the languages, generate reads them from the data's names)
     post_process = args.post_process or subword_post_process(args.data, tgt)
     common = [
-        *fairseq("train"), str(args.data), "--user-dir", str(USER_DIR), "--source-lang", src, "--target-lang", tgt,
+        *fairseq("train"), str(args.data), "--user-dir", str(USER_DIR), *languages,
         *model_flags, "--finetune-from-model", str(args.checkpoint.resolve()),
         "--optimizer", "nag", "--momentum", "0.99", "--lr", str(args.lr), "--clip-norm", "0.1",
         "--label-smoothing", "0.1", "--max-tokens", str(args.max_tokens), "--seed", str(args.seed),
@@ -248,7 +269,7 @@ def fine_tune(args, pair, model_flags: List[str]) -> None:
     }
     results = {
         "scored": scored,
-        "start": {"bleu": bleu(args, args.checkpoint, post_process, device, args.out / "gen_start.log")},
+        "start": {"bleu": bleu(args, args.checkpoint, post_process, generate_flags, args.out / "gen_start.log")},
     }
     print(f"   before fine-tuning: {results['start']['bleu']}", flush=True)
     for name in runs:
@@ -264,7 +285,7 @@ def fine_tune(args, pair, model_flags: List[str]) -> None:
                 "command": " ".join(cmd[2:]),
             }
             saved.write_text(json.dumps(done, indent=2))
-        score = bleu(args, save_dir / "checkpoint_last.pt", post_process, device, args.out / f"gen_{name}.log")
+        score = bleu(args, save_dir / "checkpoint_last.pt", post_process, generate_flags, args.out / f"gen_{name}.log")
         results[name] = {**done[name], "bleu": score}
         print(f"   {name}: {score} after {done[name]['updates']} updates, {done[name]['seconds']} s", flush=True)
 
