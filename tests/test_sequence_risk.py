@@ -460,6 +460,8 @@ def test_an_unk_earns_no_credit_against_an_unk_in_the_reference(cost):
         ({"risk_post_process": "bpe"}, "--risk-post-process 'bpe'"),
         ({"label_smoothing": 1.0}, "--label-smoothing"),
         ({"risk_max_len_a": 0.0, "risk_max_len_b": 0}, "--risk-max-len-a"),
+        ({"risk_max_len_a": 0.3, "risk_max_len_b": 0}, "--risk-max-len-b >= 1"),
+        ({"risk_max_len_a": -0.5}, "--risk-max-len-a must be >= 0"),
     ],
 )
 def test_bad_config_raises_at_build_time(overrides, message):

@@ -111,10 +111,10 @@ class SequenceRiskCriterion(FairseqCriterion):
             )
         if not 0.0 <= label_smoothing < 1.0:
             raise ValueError(f"--label-smoothing must lie in [0, 1), got {label_smoothing}")
-        if risk_max_len_a < 0 or risk_max_len_b < 0 or risk_max_len_a == risk_max_len_b == 0:
+        if risk_max_len_a < 0 or risk_max_len_b < 1:  # (b < 1: the candidates of a batch of short sources, none)
             raise ValueError(
-                f"--risk-max-len-a {risk_max_len_a} --risk-max-len-b {risk_max_len_b}: candidates could not have "
-                "any token; both must be >= 0 and not both 0"
+                f"--risk-max-len-a {risk_max_len_a} --risk-max-len-b {risk_max_len_b}: a batch of short sources "
+                "could have no candidate token; --risk-max-len-a must be >= 0 and --risk-max-len-b >= 1"
             )
         if risk_sampling_topk == 0 or risk_sampling_topk < -1:
             raise ValueError(f"--risk-sampling-topk must be -1 (all tokens) or positive, got {risk_sampling_topk}")
