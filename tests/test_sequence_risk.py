@@ -462,6 +462,7 @@ def test_an_unk_earns_no_credit_against_an_unk_in_the_reference(cost):
         ({"risk_max_len_a": 0.0, "risk_max_len_b": 0}, "--risk-max-len-a"),
         ({"risk_max_len_a": 0.3, "risk_max_len_b": 0}, "--risk-max-len-b >= 1"),
         ({"risk_max_len_a": -0.5}, "--risk-max-len-a must be >= 0"),
+        ({"risk_sampling_topk": 5}, "--risk-sampling-topk 5 applies to --risk-sampling only"),
     ],
 )
 def test_bad_config_raises_at_build_time(overrides, message):

@@ -54,7 +54,7 @@ from ..models.convs2s import ConvS2SModel
 from .costs import COSTS, SequenceCost
 from .fused_label_smoothed import normalizes_by_log_softmax, projects_selected_rows, unwrap
 from .label_smoothed_loss import label_smoothed_nll_loss_from_logits
-from .risk_config import SequenceRiskConfig, resolve_post_process
+from .risk_config import SequenceRiskConfig, check_settings, resolve_post_process
 
 # what an <unk> becomes in the text a text cost compares: two characters that share nothing with each other or
 # with any text (fairseq's UNKNOWNTOKENINREF and UNKNOWNTOKENINHYP share 14 characters, which chrF credits)
@@ -97,29 +97,10 @@ class SequenceRiskCriterion(FairseqCriterion):
         label_smoothing: float = 0.1,
     ):
         super().__init__(task)
-        # every check happens here, when fairseq-train builds the criterion: before the first update
-        if not 0.0 <= risk_alpha <= 1.0:
-            raise ValueError(f"--risk-alpha must lie in [0, 1] (the weight of the token-level loss), got {risk_alpha}")
-        if risk_candidates < 1:
-            raise ValueError(f"--risk-candidates must be at least 1, got {risk_candidates}")
-        if risk_candidates == 1 and not risk_include_reference and risk_alpha < 1.0:
-            # one candidate renormalizes to probability 1: the risk is a constant and its gradient is zero
-            raise ValueError(
-                "--risk-candidates 1 without --risk-include-reference gives a one-element candidate set, whose "
-                "renormalized probability is always 1, so the risk has no gradient: use --risk-candidates >= 2 "
-                "or add --risk-include-reference"
-            )
-        if not 0.0 <= label_smoothing < 1.0:
-            raise ValueError(f"--label-smoothing must lie in [0, 1), got {label_smoothing}")
-        if risk_max_len_a < 0 or risk_max_len_b < 1:  # (b < 1: the candidates of a batch of short sources, none)
-            raise ValueError(
-                f"--risk-max-len-a {risk_max_len_a} --risk-max-len-b {risk_max_len_b}: a batch of short sources "
-                "could have no candidate token; --risk-max-len-a must be >= 0 and --risk-max-len-b >= 1"
-            )
-        if risk_sampling_topk == 0 or risk_sampling_topk < -1:
-            raise ValueError(f"--risk-sampling-topk must be -1 (all tokens) or positive, got {risk_sampling_topk}")
-        if str(risk_cost) not in COSTS:
-            raise ValueError(f"--risk-cost {risk_cost!r}: choose one of {sorted(COSTS)}")
+        check_settings(  # (when fairseq-train builds the criterion: before the first update)
+            risk_alpha, risk_candidates, risk_sampling, risk_sampling_topk, risk_include_reference, risk_cost,
+            risk_max_len_a, risk_max_len_b, label_smoothing,
+        )  # fmt: skip
 
         self.sentence_avg = sentence_avg
         self.alpha = float(risk_alpha)
