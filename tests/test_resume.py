@@ -371,3 +371,35 @@ def test_ranks_spawned_one_per_gpu_stop_as_the_cpu_ranks_do(folder, signal_plugi
 
     resumed = check_ok(_run_gpu_spawn(folder, "bin", "gpu_stopped_SIGINT", *NO_INTERVAL, user_dir=PLUGIN_DIR))
     assert [int(r["num_updates"]) for r in update_records(resumed.stdout)] == list(range(STOP_AT + 1, UPDATES + 1))
+
+
+def test_a_run_resumed_mid_epoch_with_another_number_of_ranks_takes_the_next_batches(folder):
+    """A run of one process with --update-freq 2 saved after update 4 (mid-epoch) resumes as two ranks, and the same
+    checkpoint as two ranks would have saved it resumes as one process with --update-freq 2: each takes the batches
+    that come next and ends with the parameters of the run never stopped (two ranks equal --update-freq 2,
+    test_distributed.py). fairseq saves the position as the batches each rank has taken: the two ranks stopped in
+    "RuntimeError: Cannot resume training due to dataloader mismatch", and the one process trained the batches of
+    updates 3 and 4 again."""
+    flags, two, one = (
+        ["--max-tokens", "200", "--max-update", "8"],
+        ["--distributed-world-size", "2"],
+        ["--update-freq", "2"],
+    )
+    never = check_ok(run_launcher(folder, "bin", "ranks_never_stopped", *flags, "--save-interval-updates", "4", *one))
+    expected = [(r["num_updates"], r["bsz"], r["wpb"]) for r in update_records(never.stdout)[4:]]
+    saved = torch.load(folder / "ranks_never_stopped/checkpoint_1_4.pt", weights_only=False)
+    position = saved["extra_state"]["train_iterator"]
+    assert position["epoch"] == 1 and position["iterations_in_epoch"] == 8  # (8 batches of one process)
+    as_two_ranks = {**position, "iterations_in_epoch": 4, "convs2s_num_shards": 2}
+    for name, state, ranks in (("one_then_two", position, two), ("two_then_one", as_two_ranks, one)):
+        (folder / name).mkdir()
+        torch.save(
+            {**saved, "extra_state": {**saved["extra_state"], "train_iterator": state}},
+            folder / name / "checkpoint_last.pt",
+        )
+        resumed = run_launcher(folder, "bin", name, *flags, *ranks)
+        assert resumed.returncode == 0, name + resumed.stderr[-3000:]
+        assert [(r["num_updates"], r["bsz"], r["wpb"]) for r in update_records(resumed.stdout)] == expected, name
+        a = load_checkpoint(folder / name / "checkpoint_last.pt")
+        b = load_checkpoint(folder / "ranks_never_stopped/checkpoint_last.pt")
+        assert checkpoint_updates(a) == 8 and max_param_difference(a, b) < 1e-5, name

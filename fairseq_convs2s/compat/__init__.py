@@ -26,6 +26,7 @@ from . import (
     saving,
     schedules,
     search,
+    shards,
     training,
 )
 
@@ -157,6 +158,14 @@ FIXES: List[Fix] = [
         training.stop_a_finished_run,
         "a finished --max-update run, run again, trains one update past its limit and rewrites its checkpoints",
         "fairseq_cli.train.train",
+        training=True,
+    ),
+    Fix(
+        "resume_other_world_size",
+        shards.resume_with_other_rank_counts,
+        "a run resumed mid-epoch with more ranks stops in RuntimeError: Cannot resume training due to dataloader "
+        "mismatch; with fewer ranks it trains batches of that epoch it had trained already again, silently",
+        "EpochBatchIterator.state_dict, EpochBatchIterator.load_state_dict",
         training=True,
     ),
     Fix(
