@@ -27,7 +27,8 @@ Every flag is fairseq-train's and means what it means there; this only changes w
 - With no GPU and no ``--cpu``, fairseq trains fp32 and ``--bf16`` on the CPU, but ``--fp16`` and several ranks
   fail inside torch, and ranks started by torchrun each train alone, into the same folder: a usage error says to
   add ``--cpu``. A missing ``--arch`` is a usage error too (fairseq: a bare ``RuntimeError``), and so is a
-  ``--save-dir`` nothing can be written in (fairseq: a traceback).
+  ``--save-dir`` nothing can be written in (fairseq: a traceback), and a ``--ddp-backend`` that cannot be built
+  here (``fully_sharded`` with ``--cpu``; it or ``slowmo`` without fairscale; fairseq: a traceback from each rank).
 """
 
 import ctypes
@@ -62,6 +63,7 @@ def main(argv: Optional[List[str]] = None) -> None:
     args = options.parse_args_and_arch(parser)
     _refuse_gpu_only_flags_without_gpu(parser, args)
     _refuse_a_save_dir_it_cannot_write(parser, args.save_dir)
+    _refuse_a_backend_it_cannot_build(parser, args)
     if args.bf16 and "--tpu" not in given:
         args.tpu = False  # options.py sets tpu whenever bf16
     if args.cpu and args.fp16:
@@ -106,6 +108,20 @@ def _refuse_a_save_dir_it_cannot_write(parser, save_dir: str) -> None:
         existing = os.path.dirname(existing)
     if not os.path.isdir(existing) or not os.access(existing, os.W_OK | os.X_OK):
         _usage_error(parser, f"--save-dir {save_dir}: nothing can be written in {existing}")
+
+
+def _refuse_a_backend_it_cannot_build(parser, args) -> None:
+    """``--ddp-backend fully_sharded`` or ``slowmo`` without fairscale, and ``fully_sharded`` on CPUs (fairscale's
+    FSDP computes on CUDA), are usage errors before any rank starts (fairseq: an ImportError traceback from each)."""
+    backend = args.ddp_backend
+    if backend not in ("fully_sharded", "slowmo"):
+        return
+    if args.cpu and backend == "fully_sharded":
+        _usage_error(parser, "--ddp-backend fully_sharded shards over GPUs: with --cpu use legacy_ddp or no_c10d")
+    try:
+        import fairscale  # noqa: F401
+    except ImportError:
+        _usage_error(parser, f"--ddp-backend {backend} needs fairscale (pip install fairscale): or use legacy_ddp")
 
 
 def _usage_error(parser, message: str) -> None:
