@@ -15,7 +15,8 @@ Every flag is fairseq-train's and means what it means there; this only changes w
   fairseq copies a checkpoint leaves no truncated file, and Ctrl-C, SIGTERM or SIGHUP saves where training is
   before it stops (every rank after the same update): ``compat/training.py`` and ``compat/saving.py``, installed
   in every training process. With several ranks this process supervises them, on a CPU or fairseq's one per GPU
-  (:func:`_run_ranks`): a signal sent to it alone reaches them, and the run ends in one line, exit 130.
+  (:func:`_run_ranks`): a signal sent to it alone reaches them, and the run ends in one line, exit 130; a rank
+  killed by a signal (the OOM killer's SIGKILL) ends it in one line too, exit 128 + the signal.
 - With ``--cpu``, glibc's malloc keeps the memory that an update frees for the next one
   (:func:`keep_freed_memory`), so that the large per-update tensors are not faulted in page by page at every
   update; the user's own ``MALLOC_MMAP_MAX_`` or ``MALLOC_TRIM_THRESHOLD_`` wins.
@@ -242,11 +243,31 @@ def _run_ranks(rank_main, args: tuple, ranks: int) -> None:
                 process = running.pop(sentinel)
                 process.join()  # (its exit status, once reaped)
                 if process.exitcode not in (0, 130):  # a rank failed: torch's join ends the others
-                    while not context.join():  # and raises, with the rank's traceback
-                        pass
+                    _join_failed(context)
         if any(process.exitcode == 130 for process in context.processes):  # (stopped by a signal, and saved)
             raise SystemExit(130)
         context.join()
+
+
+def _join_failed(context) -> None:
+    """After a rank failed: torch's join ends the others and raises, with the failed rank's traceback; a rank killed
+    by a signal (the kernel's OOM killer: SIGKILL) has none, and ends the run in one line instead of the launcher's
+    own traceback, with the shell's exit status for that signal."""
+    try:
+        while not context.join():
+            pass
+    except torch.multiprocessing.ProcessExitedException as e:
+        if not e.signal_name:
+            raise
+        hint = " (out of memory?)" if e.exit_code == -signal.SIGKILL else ""
+        logger.error(
+            "rank %d was killed by %s%s and the other ranks were stopped: the same command resumes from the last "
+            "checkpoint saved",
+            e.error_index,
+            e.signal_name,
+            hint,
+        )
+        raise SystemExit(128 - e.exit_code) from None
 
 
 def _cpu_rank_main(rank: int, cfg, threads: int) -> None:

@@ -403,3 +403,38 @@ def test_a_run_resumed_mid_epoch_with_another_number_of_ranks_takes_the_next_bat
         a = load_checkpoint(folder / name / "checkpoint_last.pt")
         b = load_checkpoint(folder / "ranks_never_stopped/checkpoint_last.pt")
         assert checkpoint_updates(a) == 8 and max_param_difference(a, b) < 1e-5, name
+
+
+# a test-only plugin: rank 1 is killed (SIGKILL, as by the kernel's OOM killer) during update KILLED_AT
+RANK_KILLER = """
+import os, signal
+
+import fairseq_convs2s  # noqa: F401  (the convs2s model)
+from fairseq.trainer import Trainer
+
+step = Trainer.train_step
+
+
+def train_step(self, samples, raise_oom=False):
+    if self.get_num_updates() + 1 == 3 and self.data_parallel_rank == 1:
+        os.kill(os.getpid(), signal.SIGKILL)
+    return step(self, samples, raise_oom)
+
+
+Trainer.train_step = train_step
+"""
+
+
+def test_a_rank_killed_by_a_signal_ends_the_run_in_one_line(folder, tmp_path):
+    """Rank 1 of two SIGKILLed during update 3: the run ends in one line naming the rank and the signal, with the
+    shell's status for it (137), and the checkpoint saved after update 2 is there to resume from. The launcher
+    ended in its own traceback (ProcessExitedException: process 1 terminated with signal SIGKILL)."""
+    plugin = tmp_path / "rank_killer"
+    plugin.mkdir()
+    (plugin / "__init__.py").write_text(RANK_KILLER)
+    flags = ["--max-tokens", "200", "--max-update", "8", "--save-interval-updates", "2"]
+    proc = run_launcher(folder, "bin", "rank_killed", *flags, "--distributed-world-size", "2", user_dir=plugin)
+    log = proc.stdout + proc.stderr
+    assert proc.returncode == 137 and "Traceback" not in log, log[-3000:]
+    assert "rank 1 was killed by SIGKILL (out of memory?) and the other ranks were stopped: the same command " in log
+    assert checkpoint_updates(load_checkpoint(folder / "rank_killed/checkpoint_last.pt")) == 2
