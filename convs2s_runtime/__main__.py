@@ -1,8 +1,9 @@
 """``python -m convs2s_runtime MODEL_DIR``: translate the lines of stdin to stdout, one line for each, in order.
 
 Lines are translated as they arrive, the ones waiting together (at most ``--batch-size``): a line written alone is
-answered at once. An empty line gives an empty line; a line longer than the model's source positions is cut to them
-with a warning on stderr; bytes that are not UTF-8 are read as U+FFFD, with a warning; no line is ever dropped.
+answered at once. A byte-order mark before the first line and a CR before each newline are not read as text. An
+empty line gives an empty line; a line longer than the model's source positions is cut to them with a warning on
+stderr; bytes that are not UTF-8 are read as U+FFFD, with a warning; no line is ever dropped.
 Sentencepiece is applied when the folder has a model; the output is the best hypothesis's text, or with ``--nbest N``
 the N best of each line, best first, as ``LINE<TAB>SCORE<TAB>TEXT`` (LINE counts the input lines from 0, as
 fairseq's ids; SCORE is the API's, fairseq's score in natural log, where fairseq-generate prints base 2; an empty
@@ -13,6 +14,7 @@ settings no line can meet end it in one line (exit 1).
 """
 
 import argparse
+import codecs
 import collections
 import logging
 import os
@@ -175,7 +177,10 @@ class _Lines:
 
 
 def _decoded(number: int, raw: bytes) -> str:
-    """Line ``number`` as text, without its line end."""
+    """Line ``number`` as text, without its line end, nor the byte-order mark that starts the first line of a file
+    some Windows editors save (it read as a character of the first word: one <unk>)."""
+    if number == 1:
+        raw = raw.removeprefix(codecs.BOM_UTF8)
     try:
         return raw.decode("utf-8").rstrip("\r\n")
     except UnicodeDecodeError as e:

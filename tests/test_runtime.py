@@ -245,6 +245,24 @@ def test_a_line_too_short_for_min_len_is_answered_empty(tmp_path):
         Translator(tmp_path / "model").translate_batch(lines, max_len_a=1, max_len_b=0, min_len=3)
 
 
+def test_the_command_line_reads_a_file_with_a_byte_order_mark_and_crlf_line_ends(tmp_path):
+    """A file some Windows editors save: a UTF-8 byte-order mark before the first line, CRLF line ends. Each line is
+    translated as its words (the mark was read as a character of the first word, which became <unk>)."""
+    d = make_dictionary(25)
+    export(_convs2s_checkpoint(tmp_path, "convs2s_iwslt_de_en", d), tmp_path / "model")
+    lines = ["w1 w2 w3", "w4 w5", "", "w6 w7 w8"]
+    translator = Translator(tmp_path / "model")
+    expected = [r.hypotheses[0].text for r in translator.translate_batch([line for line in lines if line])]
+    expected.insert(2, "")
+    as_unk = translator.translate_batch(["<unk> w2 w3"])[0].hypotheses[0].text
+    assert as_unk != expected[0]  # (the test can fail)
+    cmd = [sys.executable, "-m", "convs2s_runtime", str(tmp_path / "model")]
+    data = b"\xef\xbb\xbf" + "".join(line + "\r\n" for line in lines).encode()
+    proc = subprocess.run(cmd, input=data, capture_output=True, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.decode().split("\n")[:-1] == expected
+
+
 def test_the_command_line_writes_the_n_best_with_their_scores(tmp_path):
     """``--nbest N``: N lines for each input line, best first, ``LINE<TAB>SCORE<TAB>TEXT`` with the lines counted
     across batches and the API's hypotheses and scores; an empty line's N lines have no score and no text."""
