@@ -8,7 +8,7 @@ Every flag is fairseq-train's and means what it means there; this only changes w
   ``min(GPUs, N)`` processes (none on a CPU), its default ``--ddp-backend pytorch_ddp`` hands GPU device ids to
   torch's DDP, and its torchrun (``env://``) path divides by the GPU count. Here CPU ranks use ``legacy_ddp`` (the
   same all-reduce, no device ids), a free TCP port on 127.0.0.1 unless ``--distributed-init-method`` is given, and
-  ``cores / N`` threads each; under ``torchrun`` the ranks come from its environment.
+  ``cores / N`` threads each (the cores it may run on); under ``torchrun`` the ranks come from its environment.
 - ``--bf16`` means bfloat16 on the device being trained on. Stock fairseq turns ``--bf16`` into ``--tpu`` and then
   fails without torch_xla; ``--tpu`` still asks for a TPU.
 - A non-finite gradient under ``--bf16`` (or ``--fp16`` on a CPU) skips its update with a warning, a kill while
@@ -73,8 +73,7 @@ def main(argv: Optional[List[str]] = None) -> None:
     spawn = _setup_cpu_distributed(args, given)
     cfg = convert_namespace_to_omegaconf(args)
     if spawn:
-        threads = int(os.environ.get("OMP_NUM_THREADS", 0)) or max(1, (os.cpu_count() or 1) // spawn)
-        _run_ranks(_cpu_rank_main, (cfg, threads), spawn)
+        _run_ranks(_cpu_rank_main, (cfg, _threads_per_rank(spawn)), spawn)
     elif _spawns_one_rank_per_gpu(cfg.distributed_training):
         dt = cfg.distributed_training  # call_main's spawn as call_main makes it, waited for by _run_ranks
         start_rank, dt.distributed_rank = dt.distributed_rank, None  # (each rank numbers itself from start_rank)
@@ -220,6 +219,14 @@ def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def _threads_per_rank(ranks: int) -> int:
+    """``OMP_NUM_THREADS`` where set, else the CPUs this process may run on (taskset, a container's cpuset: what torch
+    counts too) shared out among ``ranks``; ``os.cpu_count()`` counts the machine's, and on 2 allowed CPUs of 64 gave
+    each of 2 ranks 32 threads."""
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return int(os.environ.get("OMP_NUM_THREADS", 0)) or max(1, cpus // ranks)
 
 
 def _run_ranks(rank_main, args: tuple, ranks: int) -> None:

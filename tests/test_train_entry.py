@@ -121,3 +121,39 @@ def test_a_ddp_backend_it_cannot_build_is_a_usage_error(corpus):
     except ImportError:
         message = "--ddp-backend slowmo needs fairscale (pip install fairscale): or use legacy_ddp"
         assert_usage_error(run(corpus, cmd + ["slowmo"]), message, corpus / "ckpt")
+
+
+# a test-only plugin: each rank prints its torch thread count at its first update
+THREADS_PLUGIN = """
+import torch
+
+import fairseq_convs2s  # noqa: F401  (the convs2s model)
+from fairseq.trainer import Trainer
+
+step = Trainer.train_step
+
+
+def train_step(self, samples, raise_oom=False):
+    if self.get_num_updates() == 0:
+        print(f"rank {self.data_parallel_rank} threads {torch.get_num_threads()}", flush=True)
+    return step(self, samples, raise_oom)
+
+
+Trainer.train_step = train_step
+"""
+
+
+def test_ranks_share_the_cpus_the_run_may_use(corpus, tmp_path):
+    """Two CPU ranks on a machine of 64 CPUs of which the run may use this machine's (its affinity, as under taskset
+    or a container's cpuset) get those CPUs / 2 threads each: they got 64 / 2 each, oversubscribed."""
+    plugin = tmp_path / "threads_plugin"
+    plugin.mkdir()
+    (plugin / "__init__.py").write_text(THREADS_PLUGIN)
+    cmd = launcher_cmd("bin", "threads", "--max-update", "1", "--distributed-world-size", "2", user_dir=plugin)
+    cmd[1:3] = ["-c", "import os; os.cpu_count = lambda: 64; from fairseq_convs2s.train import main; main()"]
+    env = {key: value for key, value in os.environ.items() if key != "OMP_NUM_THREADS"}
+    proc = subprocess.run(cmd, cwd=corpus, capture_output=True, text=True, timeout=300, env=env)
+    assert proc.returncode == 0, tail(proc)
+    expected = max(1, len(os.sched_getaffinity(0)) // 2)
+    for rank in (0, 1):
+        assert f"rank {rank} threads {expected}\n" in proc.stdout, tail(proc)
