@@ -113,14 +113,14 @@ def test_ctrl_c_while_a_tool_imports_torch_is_one_line(tool, tmp_path):
 def test_a_ddp_backend_it_cannot_build_is_a_usage_error(corpus):
     """--ddp-backend fully_sharded with --cpu, or slowmo without fairscale, ended in an ImportError traceback from
     each rank after they had started (fairscale's FSDP computes on CUDA in any case)."""
-    cmd = launcher_cmd("bin", "ckpt", "--max-update", "1", "--distributed-world-size", "2", "--ddp-backend")
+    cmd = launcher_cmd("bin", "no_backend", "--max-update", "1", "--distributed-world-size", "2", "--ddp-backend")
     message = "--ddp-backend fully_sharded shards over GPUs: with --cpu use legacy_ddp or no_c10d"
-    assert_usage_error(run(corpus, cmd + ["fully_sharded"]), message, corpus / "ckpt")
+    assert_usage_error(run(corpus, cmd + ["fully_sharded"]), message, corpus / "no_backend")
     try:
         import fairscale  # noqa: F401
     except ImportError:
         message = "--ddp-backend slowmo needs fairscale (pip install fairscale): or use legacy_ddp"
-        assert_usage_error(run(corpus, cmd + ["slowmo"]), message, corpus / "ckpt")
+        assert_usage_error(run(corpus, cmd + ["slowmo"]), message, corpus / "no_backend")
 
 
 # a test-only plugin: each rank prints its torch thread count at its first update
