@@ -17,6 +17,7 @@ an earlier export, holding nothing else, which is replaced (through a link: the 
 import argparse
 import json
 import os
+import shlex
 import shutil
 import sys
 import tempfile
@@ -279,7 +280,10 @@ def main(argv=None) -> int:
     for warning in warnings:
         print(f"export: warning: {warning}", file=sys.stderr)
     try:
-        print(f"wrote {args.out_dir}; translate with: python -m convs2s_runtime {args.out_dir}", flush=True)
+        print(
+            f"wrote {args.out_dir}; translate with: python -m convs2s_runtime {shlex.quote(str(args.out_dir))}",
+            flush=True,
+        )
     except BrokenPipeError:  # (export ... | head: the folder is written; the reader went before this line)
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
     return 0

@@ -646,6 +646,8 @@ def test_export_checks_the_sentencepiece_model_and_the_languages(tmp_path, capsy
         export_main([str(checkpoint), str(tmp_path / "m"), "--sentencepiece-model", str(tmp_path / "spm.model")]) == 0
     )
     assert "warning" not in capsys.readouterr().err
+    assert export_main([str(checkpoint), str(tmp_path / "my model")]) == 0  # (the command it prints, quoted)
+    assert f"translate with: python -m convs2s_runtime '{tmp_path / 'my model'}'\n" in capsys.readouterr().out
     translator = Translator(tmp_path / "m")
     (result,) = translator.translate_batch(["the cat sat"])
     assert "\u2581" not in result.hypotheses[0].text
