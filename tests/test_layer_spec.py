@@ -34,6 +34,8 @@ def test_residual_lookback_and_single_tuple():
         ("[(16, 3)] * 10000 * 10000", "has 100000000 entries, more than 10000"),
         ("[(16, 3)] * 5000 + [(16, 3)] * 5001", "has 10001 entries"),
         ("3 * [(16, 3)] * 4000", "has 12000 entries"),
+        ("[(16, 3)] * 20000", "has 20000 entries, more than 10000"),  # (one count past the limit)
+        ("20000 * [(16, 3)]", "has 20000 entries, more than 10000"),
     ],
 )
 def test_malformed_specs_name_the_flag_and_the_problem(spec, message):
