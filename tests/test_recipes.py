@@ -10,6 +10,7 @@ import gzip
 import io
 import json
 import os
+import pickle
 import re
 import shlex
 import shutil
@@ -772,14 +773,18 @@ def test_average_checkpoints_bad_input_is_a_message_not_a_traceback(tmp_path, ca
     torch.save({"model": {"w": torch.ones(2)}}, good)
     (tmp_path / "text.pt").write_text("not a checkpoint")
     torch.save({"w": torch.ones(2)}, tmp_path / "bare.pt")
+    (tmp_path / "pickle.pt").write_bytes(pickle.dumps({"model": object}, protocol=4))
     out = ["--output", str(tmp_path / "avg.pt")]
     for inputs, message in [
         ("missing.pt", "missing.pt: no such file"),
         ("text.pt", "text.pt: cannot be read as a torch checkpoint"),
         ("bare.pt", "bare.pt: not a fairseq checkpoint"),
+        ("pickle.pt", r"pickle.pt: cannot be read as a torch checkpoint \(torch's safe loader: Unsupported operand"),
     ]:
-        with pytest.raises(SystemExit, match=f"average_checkpoints: error: .*{message}"):
+        with pytest.raises(SystemExit, match=f"average_checkpoints: error: .*{message}") as ended:
             average_main(["--inputs", str(good), str(tmp_path / inputs), *out])
+        assert "\n" not in str(ended.value) and "weights_only" not in str(ended.value)  # (torch's advice: unsafe)
+    assert "pickle protocol" not in capsys.readouterr().err
     for args, message in [
         (["--last", "-3", "--checkpoint-dir", str(tmp_path), *out], "argument --last: must be at least 1, got -3"),
         (["--inputs", str(good), "--output", str(tmp_path / "gone" / "avg.pt")], "argument --output: "),

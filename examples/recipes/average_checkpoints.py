@@ -11,8 +11,10 @@ parameters; like fairseq's script this averages g and v, not the effective weigh
 """
 
 import argparse
+import pickle
 import re
 import sys
+import warnings
 from pathlib import Path
 from typing import List, Sequence
 
@@ -44,9 +46,15 @@ def load_checkpoint(path: Path) -> dict:
     if add_safe_globals is not None:
         add_safe_globals([argparse.Namespace])
     try:
-        state = torch.load(path, map_location="cpu")
+        with warnings.catch_warnings():  # (a pickle of another protocol than torch's: a warning before the refusal)
+            warnings.filterwarnings("ignore", message="Detected pickle protocol")
+            state = torch.load(path, map_location="cpu")
     except FileNotFoundError:
         raise ValueError(f"{path}: no such file") from None
+    except pickle.UnpicklingError as e:  # a pickle of other objects: torch's text says to load it unsafely
+        found = re.search(r"WeightsUnpickler error: (.+?)\n\n", str(e), re.S)
+        detail = found.group(1).strip() if found else type(e).__name__
+        raise ValueError(f"{path}: cannot be read as a torch checkpoint (torch's safe loader: {detail})") from None
     except Exception as e:  # truncated, or not a torch file
         raise ValueError(f"{path}: cannot be read as a torch checkpoint ({type(e).__name__}: {e})") from None
     if not isinstance(state, dict) or not isinstance(state.get("model"), dict):
