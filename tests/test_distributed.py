@@ -47,6 +47,14 @@ def test_two_processes_train_over_gloo(runs):
     assert "'distributed_backend': 'gloo'" in two and "'ddp_backend': 'legacy_ddp'" in two
 
 
+def test_the_sentences_fairseq_leaves_out_are_named_once_not_by_every_rank(runs):
+    """The plugin's warning that fairseq's batches leave sentences out of training: as often in the two ranks' run
+    as in the one process's (it was printed by each rank)."""
+    _, two, one = runs
+    warning = "fairseq left the last 4 of 300 sentences out of the batches"
+    assert two.count(warning) == one.count(warning) >= 1, (two.count(warning), one.count(warning))
+
+
 def test_batches_are_made_in_each_trainer_on_a_cpu(runs):
     """No data-loading worker forks a CPU trainer (``--num-workers 0`` unless given), in either kind of run."""
     _, two, one = runs

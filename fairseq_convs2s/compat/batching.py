@@ -31,6 +31,7 @@ import logging
 import os
 
 import numpy as np
+import torch
 from fairseq import utils
 from fairseq.data import data_utils, indexed_dataset
 from fairseq.tasks import FairseqTask
@@ -136,6 +137,8 @@ def warn_on_dropped_sentences() -> None:
             return batches
         if _BATCHES_FOR.get() == "inference":  # fairseq's last batch, which it made and then left out
             return [*batches, left_out(indices, batches)]
+        if torch.distributed.is_available() and torch.distributed.is_initialized() and torch.distributed.get_rank():
+            return batches  # (every rank batches the same sentences: rank 0 says it, once)
         logger.warning(
             f"fairseq left the last {dropped} of {len(indices)} sentences out of the batches: the last batch "
             f"was not a multiple of --required-batch-size-multiple ({multiple}); pass "
