@@ -106,7 +106,7 @@ def test_finetune_rebuilds_a_checkpoint_with_every_model_flag_it_was_trained_wit
     state = {"cfg": {"model": args, "task": {"_name": "translation"}}, "model": {}, "extra_state": {}}
     state["optimizer_history"] = [{"criterion_name": "x", "lr_scheduler_state": {"best": 5.0}, "num_updates": 1}]
     torch.save(state, tmp_path / "checkpoint.pt")
-    flags = _finetune().checkpoint_model_flags(tmp_path / "checkpoint.pt")
+    flags, _ = _finetune().checkpoint_settings(tmp_path / "checkpoint.pt")
     expected = ["--arch", "convs2s_iwslt_de_en"]
     for name, value in given.items():
         if not name.endswith("_embed_path"):
@@ -119,8 +119,7 @@ def test_finetune_ends_a_failed_or_interrupted_command_in_one_line(tmp_path, mon
     saying how to go on (exit 130). Both were tracebacks, or a 3,000-character SystemExit."""
     finetune = _finetune()
     monkeypatch.setattr(finetune, "language_pair", lambda data: ("de", "en"))
-    monkeypatch.setattr(finetune, "checkpoint_model_flags", lambda checkpoint: ["--arch", "convs2s_iwslt_de_en"])
-    monkeypatch.setattr(finetune, "recorded_language_pair", lambda checkpoint: None)
+    monkeypatch.setattr(finetune, "checkpoint_settings", lambda checkpoint: (["--arch", "convs2s_iwslt_de_en"], None))
     (tmp_path / "model.pt").write_text("")
     argv = [str(tmp_path), str(tmp_path / "model.pt"), "--out", str(tmp_path / "out"), "--post-process", "none"]
 
@@ -151,8 +150,7 @@ def test_finetune_never_reports_a_run_another_command_trained(tmp_path, monkeypa
     and both values. The same command reuses the finished runs."""
     finetune = _finetune()
     monkeypatch.setattr(finetune, "language_pair", lambda data: ("de", "en"))
-    monkeypatch.setattr(finetune, "checkpoint_model_flags", lambda checkpoint: ["--arch", "convs2s_iwslt_de_en"])
-    monkeypatch.setattr(finetune, "recorded_language_pair", lambda checkpoint: None)
+    monkeypatch.setattr(finetune, "checkpoint_settings", lambda checkpoint: (["--arch", "convs2s_iwslt_de_en"], None))
     monkeypatch.setattr(finetune, "previous_training_time", lambda checkpoint: 36.0)
     monkeypatch.setattr(finetune, "bleu", lambda *args: "BLEU = 30.00 60.0/40.0/30.0/20.0")
     trained = []
@@ -262,8 +260,7 @@ def test_finetune_records_the_subset_it_scores_and_the_summary_compares_it(tmp_p
     """results.json did not record --gen-subset: seeds scored on valid and on test were averaged into one table."""
     finetune = _finetune()
     monkeypatch.setattr(finetune, "language_pair", lambda data: ("de", "en"))
-    monkeypatch.setattr(finetune, "checkpoint_model_flags", lambda checkpoint: ["--arch", "convs2s_iwslt_de_en"])
-    monkeypatch.setattr(finetune, "recorded_language_pair", lambda checkpoint: None)
+    monkeypatch.setattr(finetune, "checkpoint_settings", lambda checkpoint: (["--arch", "convs2s_iwslt_de_en"], None))
     monkeypatch.setattr(finetune, "previous_training_time", lambda checkpoint: 36.0)
     monkeypatch.setattr(finetune, "bleu", lambda *args: "BLEU = 30.00 60.0/40.0/30.0/20.0")
 

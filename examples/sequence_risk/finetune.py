@@ -61,9 +61,11 @@ def command_difference(before: str, now: str) -> str:
     return "; ".join(differences)
 
 
-def checkpoint_model_flags(checkpoint: Path) -> List[str]:
-    """``--arch`` and the model flags a checkpoint was trained with, so fairseq-train rebuilds the same model.
-    ValueError when the file is no fairseq checkpoint (the plugin's message: truncated, not torch, ...)."""
+def checkpoint_settings(checkpoint: Path) -> Tuple[List[str], Optional[Tuple[str, str]]]:
+    """``--arch`` and the model flags a checkpoint was trained with, so fairseq-train rebuilds the same model, and
+    the (source, target) languages it recorded (fairseq-train's --source-lang and --target-lang; None where it did
+    not record both: a data-bin binarized de-en trains en -> de too, so its names do not tell). ValueError when the
+    file is no fairseq checkpoint (the plugin's message: truncated, not torch, ...)."""
     from fairseq import checkpoint_utils
 
     import fairseq_convs2s  # noqa: F401  (lets torch's safe unpickler read fairseq's checkpoints)
@@ -74,8 +76,12 @@ def checkpoint_model_flags(checkpoint: Path) -> List[str]:
         state = checkpoint_utils.load_checkpoint_to_cpu(str(checkpoint))
     except BrokenCheckpoint as e:
         raise ValueError(str(e)) from None
-    model_cfg = state["cfg"]["model"]
-    values = vars(model_cfg) if isinstance(model_cfg, Namespace) else dict(model_cfg)
+
+    def section(name: str) -> dict:
+        found = state["cfg"].get(name) or {}
+        return vars(found) if isinstance(found, Namespace) else dict(found)
+
+    values = section("model")
     flags = ["--arch", str(values["arch"])]
     # every model flag (config.py) but the embedding files, whose vectors the checkpoint's weights replace
     skipped = {"encoder_embed_path", "decoder_embed_path"}
@@ -86,7 +92,9 @@ def checkpoint_model_flags(checkpoint: Path) -> List[str]:
             continue
         flag = "--" + name.replace("_", "-")
         flags += [flag] if value is True else [flag, str(value)]
-    return flags
+    task = section("task")
+    source, target = task.get("source_lang"), task.get("target_lang")
+    return flags, ((str(source), str(target)) if source and target else None)
 
 
 def subword_post_process(data: Path, target_lang: str) -> str:
@@ -108,23 +116,6 @@ def language_pair(data: Path):
         if m:
             return m.group(1), m.group(2)
     raise ValueError(f"{data}: no binarized split found (expected e.g. train.de-en.de.bin)")
-
-
-def recorded_language_pair(checkpoint: Path) -> Optional[Tuple[str, str]]:
-    """(source, target) that the checkpoint was trained with (fairseq-train's --source-lang and --target-lang), or
-    None where it did not record both. A data-bin binarized de-en trains en -> de too, so its names do not tell."""
-    from fairseq import checkpoint_utils
-
-    import fairseq_convs2s  # noqa: F401
-    from fairseq_convs2s.compat.broken_checkpoints import BrokenCheckpoint
-
-    try:
-        task = checkpoint_utils.load_checkpoint_to_cpu(str(checkpoint))["cfg"].get("task") or {}
-    except BrokenCheckpoint as e:
-        raise ValueError(str(e)) from None
-    values = vars(task) if isinstance(task, Namespace) else dict(task)
-    source, target = values.get("source_lang"), values.get("target_lang")
-    return (str(source), str(target)) if source and target else None
 
 
 def run(cmd: List[str], log: Path) -> str:
@@ -199,12 +190,11 @@ def main(argv: Optional[List[str]] = None) -> None:
     except ValueError as e:
         parser.error(f"argument data: {e}")
     try:
-        model_flags = checkpoint_model_flags(args.checkpoint)
-        pair = recorded_language_pair(args.checkpoint) or pair
+        model_flags, recorded_pair = checkpoint_settings(args.checkpoint)
     except ValueError as e:
         parser.error(f"argument checkpoint: {e}")
     with errors_in_one_line("finetune.py"):
-        fine_tune(args, pair, model_flags)
+        fine_tune(args, recorded_pair or pair, model_flags)
 
 
 def fine_tune(args, pair, model_flags: List[str]) -> None:
