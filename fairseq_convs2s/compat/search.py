@@ -89,13 +89,13 @@ def refuse_empty_beams() -> None:
             raise ValueError(
                 f"--nbest {nbest} asks for more hypotheses than --beam {beam} keeps: raise --beam to {nbest}"
             )
-        _check_room_for_min_len(args, generator)
+        _check_room_for_min_len(generator)
         return generator
 
     replace(FairseqTask, "build_generator", build_generator_checked, "refuse_empty_beams")
 
 
-def _check_room_for_min_len(args, generator) -> None:
+def _check_room_for_min_len(generator) -> None:
     """Where a hypothesis's maximum length does not depend on the source (``--max-len-a 0``, no
     ``--match-source-len``), refuse one below ``--min-len``: fairseq's generator asserts on it at every batch."""
     min_len, max_len_b = getattr(generator, "min_len", None), getattr(generator, "max_len_b", None)
