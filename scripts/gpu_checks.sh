@@ -60,7 +60,12 @@ step() {  # step NAME SECONDS CMD...: run CMD with a time limit, its output to $
   return $rc
 }
 
-RUNS=/tmp/$STAGE  # the run folders of the stages that compare recipe settings, one per run: $RUNS/NAME
+# the run folders of the stages that compare recipe settings, one per run: $RUNS/NAME. They outlive a call (a stage
+# cut by the device tool's limit resumes its runs on the same warm machine) and are named by the code they ran, so
+# that a folder another version of the plugin or the recipes left is never taken for this one's.
+CODE=$(find fairseq_convs2s examples -name '*.py' | LC_ALL=C sort | xargs cat | sha256sum | cut -c1-12)
+RUNS=/tmp/gpu_checks/$CODE/$STAGE
+echo "[gpu_checks] run folders: $RUNS"
 multi30k() {  # multi30k NAME SECONDS ARGS...: examples/multi30k/run.py ARGS with a time limit in $RUNS/NAME, its
   # console added to $OUT/NAME.log (a stage's recipe() empties that log first; seeds runs three commands into it)
   local name=$1 limit=$2

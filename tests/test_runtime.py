@@ -37,7 +37,7 @@ from fconv_helpers import fairseq_checkpoint, train_fconv
 from utils import beam_search, build_model, make_dictionary, random_batch, seed_all, shrink_spec
 
 from convs2s_runtime import Translator
-from fairseq_convs2s.export import export
+from fairseq_convs2s.export import ExportError, _check_sentencepiece, export
 from fairseq_convs2s.export import main as export_main
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -648,6 +648,7 @@ def test_export_checks_the_sentencepiece_model_and_the_languages(tmp_path, capsy
     assert "warning" not in capsys.readouterr().err
     assert export_main([str(checkpoint), str(tmp_path / "my model")]) == 0  # (the command it prints, quoted)
     assert f"translate with: python -m convs2s_runtime '{tmp_path / 'my model'}'\n" in capsys.readouterr().out
+    processor_pieces = {processor.id_to_piece(i) for i in range(processor.get_piece_size())}
     translator = Translator(tmp_path / "m")
     (result,) = translator.translate_batch(["the cat sat"])
     assert "\u2581" not in result.hypotheses[0].text
@@ -666,6 +667,24 @@ def test_export_checks_the_sentencepiece_model_and_the_languages(tmp_path, capsy
     assert export_main([str(words), str(tmp_path / "w"), "--sentencepiece-model", str(tmp_path / "spm.model")]) == 1
     assert "only 0 of the dictionary's 25 words are its pieces" in capsys.readouterr().err
     assert not (tmp_path / "w").exists()
+    # a model that shares half the words (one of another corpus, with a similar vocabulary) is refused too, and so
+    # is a model that encoded one side of separate dictionaries alone (the runtime applies it to both)
+    half = Dictionary()
+    for i, symbol in enumerate(pieces.symbols[pieces.nspecial :]):
+        half.add_symbol(f"other{i}" if i % 2 else symbol)
+    (tmp_path / "half").mkdir()
+    half_pieces = _convs2s_checkpoint(tmp_path / "half", "convs2s_iwslt_de_en", half)
+    assert (
+        export_main([str(half_pieces), str(tmp_path / "h"), "--sentencepiece-model", str(tmp_path / "spm.model")]) == 1
+    )
+    found = sum(symbol in processor_pieces for symbol in half.symbols[half.nspecial :])
+    assert f"only {found} of the dictionary's {len(half) - half.nspecial} words are its pieces" in (
+        capsys.readouterr().err
+    )
+    assert 0.5 * (len(half) - half.nspecial) <= found < len(half) - half.nspecial
+    with pytest.raises(ExportError, match="only 0 of the target dictionary's 25 words are its pieces"):
+        _check_sentencepiece(tmp_path / "spm.model", processor_pieces, (pieces, make_dictionary(25)))
+    assert _check_sentencepiece(tmp_path / "spm.model", processor_pieces, (pieces, pieces)) == []
 
     state = torch.load(words, weights_only=False)
     state["args"].source_lang = state["args"].target_lang = None
