@@ -144,12 +144,23 @@ def mark_checkpoint_loads(module) -> None:
                 try:
                     load_ensemble([filename], *args, **kwargs)
                 except ValueError as alone:
-                    raise ValueError(f"{filename} (model {k} of the {len(filenames)} in --path): {alone}") from error
+                    raise _renamed(
+                        alone, f"{filename} (model {k} of the {len(filenames)} in --path): {alone}"
+                    ) from error
             raise
         finally:
             LOADING_CHECKPOINT.reset(token)
 
     replace(module, "load_model_ensemble_and_task", load_model_ensemble_and_task, "build_to_load")
+
+
+def _renamed(error: ValueError, message: str) -> ValueError:
+    """``error``'s class with ``message`` (the plugin's InputError stays one, which its tools print as one line), or
+    a ValueError where that class is not made from a message alone (UnicodeDecodeError)."""
+    try:
+        return type(error)(message)
+    except TypeError:
+        return ValueError(message)
 
 
 def wrap_load_checkpoint(module) -> None:

@@ -27,6 +27,8 @@ from fairseq.dataclass import FairseqDataclass
 from fairseq.optim.lr_scheduler import FairseqLRScheduler, register_lr_scheduler
 from omegaconf import II
 
+from .errors import InputError
+
 logger = logging.getLogger(__name__)
 
 
@@ -57,13 +59,13 @@ class BudgetSchedule(FairseqLRScheduler):
     def __init__(self, cfg: BudgetScheduleConfig, optimizer):
         super().__init__(cfg, optimizer)
         if len(cfg.lr) > 1:
-            raise ValueError("--lr-scheduler budget takes one --lr, not a list")
+            raise InputError("--lr-scheduler budget takes one --lr, not a list")
         if not 0.0 < cfg.anneal_fraction <= 1.0:
-            raise ValueError(f"--anneal-fraction must be in (0, 1], got {cfg.anneal_fraction}")
+            raise InputError(f"--anneal-fraction must be in (0, 1], got {cfg.anneal_fraction}")
         self.budget_seconds = cfg.stop_time_hours * 3600.0 if cfg.stop_time_hours > 0 else None
         self.budget_updates = cfg.max_update if cfg.max_update > 0 else None
         if self.budget_seconds is None and self.budget_updates is None:
-            raise ValueError(
+            raise InputError(
                 "--lr-scheduler budget anneals to the end of training: give --stop-time-hours or --max-update"
             )
         self.base_lr = cfg.lr[0]

@@ -45,6 +45,7 @@ import torch
 
 from .compat import install_training_fixes
 from .compat.training import stop_signals_handled_by
+from .errors import InputError
 
 logger = logging.getLogger("fairseq_convs2s.train")
 
@@ -79,7 +80,11 @@ def main(argv: Optional[List[str]] = None) -> None:
         start_rank, dt.distributed_rank = dt.distributed_rank, None  # (each rank numbers itself from start_rank)
         _run_ranks(_gpu_rank_main, (cfg, start_rank), min(torch.cuda.device_count(), dt.distributed_world_size))
     else:  # one process, or one rank of several launched by the user or torchrun
-        distributed_utils.call_main(cfg, _patched_fairseq_main)
+        try:
+            distributed_utils.call_main(cfg, _patched_fairseq_main)
+        except InputError as e:  # (the plugin's refusal of a flag or a file, as fairseq-train prints it: one line)
+            print(f"{parser.prog}: error: {e}", file=sys.stderr)
+            raise SystemExit(1) from None
         _leave_process_group()
 
 

@@ -187,11 +187,6 @@ def torch_frames(stderr: str) -> List[str]:
     return [line for line in stderr.splitlines() if line.strip().startswith("File ") and "/torch/" in line]
 
 
-def last_frame(stderr: str) -> str:
-    frames = [line for line in stderr.splitlines() if line.strip().startswith("File ")]
-    return frames[-1] if frames else ""
-
-
 # ---- the training launcher, python -m fairseq_convs2s.train ----------------------------------------------------
 
 

@@ -21,7 +21,6 @@ from cli_helpers import (
     preprocess,
     run_cli,
     tail,
-    torch_frames,
     train_args,
 )
 from fairseq import checkpoint_utils
@@ -30,7 +29,6 @@ from fairseq_convs2s.compat.broken_checkpoints import BrokenCheckpoint
 from fairseq_convs2s.convert_fconv import convert_file
 from fairseq_convs2s.models.fconv_checkpoint import ConversionError
 
-ERROR = "fairseq_convs2s.compat.broken_checkpoints.BrokenCheckpoint: "
 TRAIN = ["--max-tokens", "200", "--max-update", "4", "--save-interval-updates", "2", "--disable-validation"]
 
 
@@ -108,12 +106,14 @@ def test_each_kind_of_broken_checkpoint_is_named_in_one_line(trained):
     assert state["optimizer_history"][-1]["num_updates"] == 4
 
 
-def _error_line(proc, error: str = ERROR) -> str:
-    """The line of a failed command that holds the plugin's ``error``, checked to be the last of its traceback."""
-    lines = [line for line in proc.stderr.splitlines() if line.startswith(error)]
-    assert len(lines) == 1, tail(proc)
-    assert not torch_frames(proc.stderr), tail(proc)
-    return lines[0][len(error) :]
+def _error_line(proc) -> str:
+    """The plugin's error of a failed fairseq command (``python -m fairseq_cli.TOOL``): one line, ``fairseq-TOOL:
+    error: MESSAGE``, exit 1, and no traceback (fairseq alone: a traceback ending in ``BrokenCheckpoint:`` or
+    ``ValueError:`` and the message); returns the message."""
+    prefix = f"fairseq-{proc.args[2].split('.')[-1]}: error: "
+    lines = [line for line in proc.stderr.splitlines() if line.startswith(prefix)]
+    assert proc.returncode == 1 and len(lines) == 1 and "Traceback" not in proc.stderr, tail(proc)
+    return lines[0][len(prefix) :]
 
 
 @pytest.mark.parametrize(
@@ -122,7 +122,7 @@ def _error_line(proc, error: str = ERROR) -> str:
 )
 def test_decoding_tools_name_the_broken_file(trained, tool, name):
     """fairseq-generate, fairseq-interactive and fairseq-validate given a broken --path: exit 1 with the one-line
-    error (no frame inside torch), nothing translated."""
+    error, nothing translated."""
     path = trained.folder / "broken" / name
     args = ["bin", "--user-dir", PLUGIN_DIR, "--path", path, "--cpu"]
     args += {
@@ -171,7 +171,7 @@ def test_training_on_from_a_checkpoint_of_other_dictionaries_is_refused(trained)
         args = train_args(data, f"run_{data}", *TRAIN, "--restore-file", restored)
         proc = run_cli("train", args, cwd=folder)
         assert proc.returncode != 0, tail(proc)
-        line = _error_line(proc, "ValueError: ")
+        line = _error_line(proc)
         assert line.startswith(f"{restored}: dictionary mismatch: ") and message in line, line
         assert "num_updates" not in proc.stdout + proc.stderr
 
@@ -190,6 +190,22 @@ def test_a_restore_file_that_is_not_there_is_named_not_trained_over(trained):
         "overwrite the checkpoints in kept); leave the flag out to train anew"
     )
     assert "num_updates" not in proc.stdout + proc.stderr and _listing(folder / "kept") == before
+
+
+def test_a_checkpoint_of_another_criterion_asks_for_reset_optimizer(trained, tmp_path):
+    """fairseq-train --restore-file of a checkpoint trained with another --criterion (fairseq's label smoothing,
+    then the plugin's fused one; a sequence-risk fine-tuning the same): fairseq's AssertionError, now one line saying
+    which flag trains on; with it, training goes on from the weights."""
+    restored = str(trained.folder / "ckpt/checkpoint_last.pt")
+    fused = ["--criterion", "fused_label_smoothed_cross_entropy"]
+    args = train_args("bin", str(tmp_path / "run"), *TRAIN, "--restore-file", restored, *fused)
+    proc = run_cli("train", args, cwd=trained.folder)
+    assert _error_line(proc) == (
+        f"{restored} holds the optimizer state of criterion LabelSmoothedCrossEntropyCriterion, and this command "
+        "trains with FusedLabelSmoothedCrossEntropyCriterion: add --reset-optimizer to train on from its weights "
+        "alone (the update count and the learning rate start again)"
+    )
+    check_ok(run_cli("train", [*args, "--reset-optimizer", "--max-update", "1"], cwd=trained.folder))
 
 
 def test_a_broken_checkpoint_last_on_resume_names_those_that_load(trained):
@@ -250,7 +266,7 @@ def test_training_on_from_another_model_names_the_flags(trained, tmp_path):
         args = train_args("bin", str(tmp_path / "run"), *TRAIN, "--max-update", "6", "--restore-file", restored)
         proc = run_cli("train", [*args, *flags], cwd=folder)
         assert proc.returncode != 0, tail(proc)
-        assert _error_line(proc, "ValueError: ") == (
+        assert _error_line(proc) == (
             f"{restored}: its model is not the one this command builds ({differing}): give the checkpoint's values, "
             "or train anew in another --save-dir"
         )
@@ -259,7 +275,7 @@ def test_training_on_from_another_model_names_the_flags(trained, tmp_path):
         "bin", str(tmp_path / "run"), *TRAIN, "--finetune-from-model", str(tmp_path / "fconv/checkpoint_last.pt")
     )
     proc = run_cli("train", args, cwd=folder)
-    assert proc.returncode != 0 and _error_line(proc, "ValueError: ") == (
+    assert proc.returncode != 0 and _error_line(proc) == (
         f"{tmp_path / 'fconv/checkpoint_last.pt'}: an fconv checkpoint (--arch fconv_iwslt_de_en): convert it "
         "first, python -m fairseq_convs2s.convert_fconv CHECKPOINT OUT.pt, and train from OUT.pt"
     )

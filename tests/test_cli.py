@@ -25,7 +25,6 @@ from cli_helpers import (
     generate,
     hypothesis_lines,
     interruptible,
-    last_frame,
     load_checkpoint,
     make_splits,
     max_param_difference,
@@ -315,7 +314,7 @@ def test_interactive_answers_every_line(trained):
 def test_options_the_tools_cannot_print_are_refused_before_decoding(trained):
     """fairseq-generate --print-step (a beam search records no steps) and fairseq-interactive --print-alignment
     soft (it prints hard alignments only) decoded a batch and then failed, with KeyError: 'steps' and 'too many
-    values to unpack', for any model: now a ValueError naming the flag, before anything is printed."""
+    values to unpack', for any model: now one line naming the flag, before anything is printed."""
     refused = [
         (generate(trained.folder, "bin", "ckpt/checkpoint_last.pt", "--print-step", check=False), "--print-step"),
         (
@@ -324,7 +323,9 @@ def test_options_the_tools_cannot_print_are_refused_before_decoding(trained):
         ),
     ]
     for proc, message in refused:
-        assert proc.returncode != 0 and f"ValueError: {message}" in proc.stderr, tail(proc)
+        tool = proc.args[2].replace("fairseq_cli.", "fairseq-")
+        assert proc.returncode == 1 and f"\n{tool}: error: {message}" in proc.stderr, tail(proc)
+        assert "Traceback" not in proc.stderr, tail(proc)
         assert not re.search(r"^[SHDP]-\d", proc.stdout, re.MULTILINE), tail(proc)
     hard = _interactive(trained.folder, "ckpt/checkpoint_last.pt", ["s1 s2"], "--print-alignment", "hard")
     assert re.search(r"^A-0\t\d+-\d+", check_ok(hard).stdout, re.MULTILINE), tail(hard)
@@ -375,7 +376,7 @@ def test_generate_ends_quietly_when_its_reader_goes(monkeypatch):
             raise raised
 
         with pytest.raises(SystemExit) as ended:
-            quiet_exits._ending_quietly(main, "fairseq-generate")(None)
+            quiet_exits._ending_quietly(main, "fairseq-generate", decoding=True)(None)
         assert ended.value.code == status
 
 
@@ -414,17 +415,19 @@ def test_unknown_arch_is_an_invalid_choice(corpus):
 
 def test_mismatched_embed_dims_fail_with_the_plugins_message(corpus):
     """--encoder-embed-dim != --decoder-embed-dim cannot work (attention dots the two); building the model fails
-    with a message naming both flags, raised by the plugin before torch is reached."""
+    with one line naming both flags, before torch is reached (fairseq alone: the message ends a traceback)."""
     proc = run_cli(
         "train",
         ["bin", "--user-dir", PLUGIN_DIR, "--arch", "convs2s_iwslt_de_en", "--encoder-embed-dim", "32"]
         + ["--cpu", "--max-tokens", "1000", "--save-dir", "bad_dims"],
         cwd=corpus,
     )
-    assert proc.returncode != 0, tail(proc)
-    assert "--encoder-embed-dim (32) and --decoder-embed-dim (256) must be equal" in proc.stderr, tail(proc)
-    assert not torch_frames(proc.stderr), tail(proc)
-    assert "fairseq_convs2s" in last_frame(proc.stderr), tail(proc)
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, tail(proc)
+    line = "fairseq-train: error: --encoder-embed-dim (32) and --decoder-embed-dim (256) must be equal"
+    assert f"\n{line}" in proc.stderr, tail(proc)
+    alone = run_cli("train", proc.args[3:], cwd=corpus, env={"FAIRSEQ_CONVS2S_COMPAT_OFF": "quiet_exits"})
+    assert "Traceback" in alone.stderr and line not in alone.stderr, tail(alone)
+    assert "InputError: --encoder-embed-dim (32) and --decoder-embed-dim (256) must be equal" in alone.stderr
 
 
 # ---- sources longer than the model's positions -----------------------------------------------------------------

@@ -59,6 +59,17 @@ def test_a_save_dir_it_cannot_write_is_a_usage_error(corpus, monkeypatch, capsys
     )
 
 
+def test_a_setting_the_model_refuses_ends_in_one_line(corpus):
+    """A flag the plugin refuses once fairseq has read it (here unequal embedding widths, when the model is built):
+    one line and exit status 1, as under fairseq-train, where it ended a traceback through fairseq's loop."""
+    proc = run(corpus, launcher_cmd("bin", "dims", "--max-update", "1", "--encoder-embed-dim", "32"))
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, tail(proc)
+    assert proc.stderr.strip().splitlines()[-1] == (
+        "train.py: error: --encoder-embed-dim (32) and --decoder-embed-dim (64) must be equal: attention scores are "
+        "dot products between the two"
+    ), tail(proc)
+
+
 @pytest.mark.skipif(torch.cuda.device_count() > 0, reason="what happens without a GPU")
 def test_without_a_gpu_fp16_and_ranks_need_cpu_and_bf16_still_trains(corpus):
     """With no GPU and no --cpu, --fp16 ended in "AssertionError: Torch not compiled with CUDA enabled" and

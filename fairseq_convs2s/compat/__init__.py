@@ -70,7 +70,8 @@ FIXES: List[Fix] = [
         "22] Invalid argument, EOFError, KeyError: 'best_loss'), naming neither the file nor the problem; training "
         "on from a checkpoint of another model than the command builds lists missing keys, or, where the shapes "
         "agree (another residual lookback), goes on silently; a --restore-file that is not there trains anew, "
-        "overwriting --save-dir's checkpoints",
+        "overwriting --save-dir's checkpoints; one saved with another --criterion or --optimizer stops in an "
+        "AssertionError",
         "checkpoint_utils.load_checkpoint_to_cpu, Trainer.load_checkpoint",
     ),
     Fix(
@@ -121,9 +122,10 @@ FIXES: List[Fix] = [
     Fix(
         "quiet_exits",
         quiet_exits.end_tools_quietly,
-        "Ctrl-C in fairseq-interactive or fairseq-generate ends in a KeyboardInterrupt traceback, and their output "
-        "piped into a reader that stops early (| head) in a BrokenPipeError traceback",
-        "fairseq_cli.interactive.main, fairseq_cli.generate.main (when that tool runs)",
+        "the plugin's refusal of a flag or a file (InputError) ends fairseq-generate, -interactive, -validate and "
+        "-train in a traceback; Ctrl-C in fairseq-interactive or fairseq-generate in a KeyboardInterrupt traceback, "
+        "and their output piped into a reader that stops early (| head) in a BrokenPipeError traceback",
+        "fairseq_cli.{interactive,generate,validate,train}.main (when that tool runs)",
     ),
     Fix(
         "empty_splits",

@@ -38,6 +38,8 @@ from fairseq.tasks import FairseqTask
 
 from fairseq_convs2s_autoload import is_replaced, replace
 
+from ..errors import InputError
+
 logger = logging.getLogger(__name__)
 
 NO_SENTENCES = (
@@ -92,7 +94,7 @@ def keep_every_sentence_at_inference() -> None:
                 except Exception as e:
                     if not (capped and type(e) is Exception and str(e).startswith("Size of sample #")):
                         raise
-                    raise ValueError(
+                    raise InputError(
                         f"{e}; max_positions is the model's {model_positions} capped by --max-tokens {max_tokens}: "
                         "a batch must hold the whole sentence, so raise --max-tokens (or batch with --batch-size "
                         "alone)"
@@ -131,7 +133,7 @@ def warn_on_dropped_sentences() -> None:
             if len(indices):
                 raise
             # fairseq reads the last batch of none (with a --required-batch-size-multiple above 1)
-            raise ValueError(NO_SENTENCES) from None
+            raise InputError(NO_SENTENCES) from None
         dropped = len(indices) - sum(len(batch) for batch in batches)
         if dropped <= 0 or call.arguments.get("fixed_shapes") is not None:
             return batches
@@ -159,7 +161,7 @@ def refuse_empty_splits() -> None:
     def make_dataset_or_refuse_empty(path, impl, *args, **kwargs):
         data_file = indexed_dataset.data_file_path(path)
         if impl == "mmap" and indexed_dataset.MMapIndexedDataset.exists(path) and os.path.getsize(data_file) == 0:
-            raise ValueError(
+            raise InputError(
                 f"{data_file} is empty: the split has no sentences (fairseq-preprocess was given empty files); "
                 "binarize at least one sentence, or leave the split out (a valid split: fairseq-train "
                 "--disable-validation)"

@@ -29,11 +29,17 @@ from fairseq import checkpoint_utils
 
 from fairseq_convs2s_autoload import is_replaced, replace
 
+from ..errors import InputError
+
 # (the checkpoint, the trainer) while a trainer loads (its resume from checkpoint_last.pt, --restore-file), else None
 _RESUMING: contextvars.ContextVar = contextvars.ContextVar("convs2s_resuming", default=None)
 
 
-class BrokenCheckpoint(ValueError):
+# fairseq's assertions when a checkpoint's optimizer state is not of this command's criterion or optimizer
+OTHER_OPTIMIZER = ("Criterion does not match", "Optimizer does not match")
+
+
+class BrokenCheckpoint(InputError):
     """A checkpoint file that cannot be loaded; the message names the file, its size and what is wrong."""
 
 
@@ -173,7 +179,7 @@ def name_broken_checkpoints() -> None:
                 ask = getattr(resuming[1].get_model(), "checkpoint_difference", None)
                 problem = ask(state) if ask is not None else None
                 if problem is not None:
-                    raise ValueError(f"{path}: {problem}")
+                    raise InputError(f"{path}: {problem}")
             return state
 
         replace(checkpoint_utils, "load_checkpoint_to_cpu", load_checkpoint_to_cpu, "broken_checkpoints")
@@ -191,11 +197,22 @@ def name_broken_checkpoints() -> None:
             token = _RESUMING.set((filename, self))
             try:
                 return trainer_load(self, filename, *args, **kwargs)
+            except AssertionError as error:
+                mismatch = str(error).split(" vs ")
+                if not str(error).startswith(OTHER_OPTIMIZER) or len(mismatch) != 2:
+                    raise
+                # fairseq's assert: the optimizer state saved for another criterion or optimizer is not loaded
+                what, theirs, ours = str(error).split(" ")[0].lower(), mismatch[0].rsplit(" ", 1)[-1], mismatch[1]
+                raise InputError(
+                    f"{filename} holds the optimizer state of {what} {theirs}, and this command trains with {ours}: "
+                    "add --reset-optimizer to train on from its weights alone (the update count and the learning "
+                    "rate start again)"
+                ) from None
             except Exception as error:
                 refusal = error.__context__
                 if type(error) is Exception and isinstance(refusal, ValueError):
                     # fairseq's "please ensure that the architectures match" over the model's own words for why
-                    raise ValueError(f"{filename}: {refusal}") from None
+                    raise InputError(f"{filename}: {refusal}") from None
                 raise
             finally:
                 _RESUMING.reset(token)

@@ -1,10 +1,14 @@
-"""End ``fairseq-interactive`` and ``fairseq-generate`` in one line on Ctrl-C, and quietly when their reader goes
-away (``| head``), instead of fairseq 0.12's ``KeyboardInterrupt`` and ``BrokenPipeError`` tracebacks.
+"""End fairseq's command-line tools in one line where fairseq 0.12 ends them in a traceback: the plugin's own
+refusals (:class:`fairseq_convs2s.errors.InputError`: a broken checkpoint, a flag it cannot use) under
+fairseq-generate, -interactive, -validate and -train; Ctrl-C, and a reader that goes away (``| head``), under
+fairseq-interactive and fairseq-generate.
 
 Installed when the plugin is loaded by one of these tools (``--user-dir``), whose module is then loaded: the fix
-replaces that module's ``main``, which its ``cli_main`` calls once the flags (and so the plugin) are read. Ctrl-C
-exits with status 130 and the line ``fairseq-interactive: interrupted``; a closed pipe exits with 141, as a tool
-ended by SIGPIPE would, and prints nothing.
+replaces that module's ``main``, which its ``cli_main`` calls once the flags (and so the plugin) are read. A refusal
+prints ``fairseq-generate: error: MESSAGE`` and exits with status 1; Ctrl-C exits with 130 and the line
+``fairseq-interactive: interrupted``; a closed pipe exits with 141, as a tool ended by SIGPIPE would, and prints
+nothing. Errors that are not the plugin's refusals keep fairseq's traceback, and so does everything in the ranks
+that ``--distributed-world-size`` spawns (they run fairseq's own ``main``).
 """
 
 import os
@@ -13,7 +17,16 @@ from typing import List
 
 from fairseq_convs2s_autoload import is_replaced, replace
 
-TOOLS = {"fairseq_cli.interactive": "fairseq-interactive", "fairseq_cli.generate": "fairseq-generate"}
+from ..errors import InputError
+
+# fairseq's tools whose main is replaced, and whether they also end quietly on Ctrl-C and a closed pipe (the decoding
+# tools; training and validation keep fairseq's own ways to stop)
+TOOLS = {
+    "fairseq_cli.interactive": ("fairseq-interactive", True),
+    "fairseq_cli.generate": ("fairseq-generate", True),
+    "fairseq_cli.validate": ("fairseq-validate", False),
+    "fairseq_cli.train": ("fairseq-train", False),
+}
 
 
 def loaded_tool_modules(name: str, *attributes: str) -> List:
@@ -30,22 +43,29 @@ def loaded_tool_modules(name: str, *attributes: str) -> List:
 
 
 def end_tools_quietly() -> None:
-    """Replace ``main`` of the loaded ``fairseq-interactive`` or ``fairseq-generate`` module (idempotent; a no-op in
-    a process that is not running one)."""
-    for name, tool in TOOLS.items():
+    """Replace ``main`` of the loaded tool module of :data:`TOOLS` (idempotent; a no-op in a process that is not
+    running one)."""
+    for name, (tool, decoding) in TOOLS.items():
         for module in loaded_tool_modules(name, "main", "cli_main"):
             if not is_replaced(module.main, "quiet_exits"):
-                replace(module, "main", _ending_quietly(module.main, tool), "quiet_exits")
+                replace(module, "main", _ending_quietly(module.main, tool, decoding), "quiet_exits")
 
 
-def _ending_quietly(main, tool: str):
-    def wrapper(cfg, **kwargs):
+def _ending_quietly(main, tool: str, decoding: bool):
+    def wrapper(cfg, *args, **kwargs):
         try:
-            return main(cfg, **kwargs)
+            return main(cfg, *args, **kwargs)
+        except InputError as e:
+            print(f"{tool}: error: {e}", file=sys.stderr)
+            raise SystemExit(1) from None
         except KeyboardInterrupt:
+            if not decoding:
+                raise
             print(f"\n{tool}: interrupted", file=sys.stderr)
             raise SystemExit(130) from None
         except BrokenPipeError:
+            if not decoding:
+                raise
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # (the exit's own flush has nowhere to go)
             raise SystemExit(141) from None
 

@@ -34,6 +34,7 @@ from torch import Tensor
 
 from fairseq_convs2s_autoload import is_replaced, replace
 
+from ..errors import InputError
 from .quiet_exits import loaded_tool_modules
 
 
@@ -82,11 +83,11 @@ def refuse_empty_beams() -> None:
         for flag in ("beam", "nbest"):
             count = getattr(args, flag, 1)
             if count is not None and count < 1:
-                raise ValueError(f"--{flag} must be at least 1, got {count}")
+                raise InputError(f"--{flag} must be at least 1, got {count}")
         generator = original_build(self, models, args, *rest, **kwargs)
         nbest, beam = getattr(args, "nbest", 1) or 1, getattr(generator, "beam_size", None)  # (a beam search's)
         if beam is not None and nbest > beam:
-            raise ValueError(
+            raise InputError(
                 f"--nbest {nbest} asks for more hypotheses than --beam {beam} keeps: raise --beam to {nbest}"
             )
         _check_room_for_min_len(generator)
@@ -106,7 +107,7 @@ def _check_room_for_min_len(generator) -> None:
     positions = getattr(generator, "max_len", max_len_b + 1) - 1  # (the model's target positions, EOS's excluded)
     if min(max_len_b, positions) < min_len:
         bound = f"--max-len-b {max_len_b}" if max_len_b <= positions else f"the model's {positions} target positions"
-        raise ValueError(
+        raise InputError(
             f"{bound} (with --max-len-a 0) leaves no room for a hypothesis of --min-len {min_len}: "
             f"raise --max-len-b or lower --min-len"
         )
@@ -120,7 +121,7 @@ def refuse_unprintable_options() -> None:
 
         def build_generator_printable(self, models, args, *rest, **kwargs):
             if getattr(args, "print_step", False):
-                raise ValueError(
+                raise InputError(
                     "--print-step prints the refinement steps of fairseq's iterative models (--task translation_lev); "
                     "a beam search records none"
                 )
@@ -136,7 +137,7 @@ def refuse_unprintable_options() -> None:
 def _refusing_soft_alignments(main):
     def wrapper(cfg, **kwargs):
         if getattr(cfg.generation, "print_alignment", None) == "soft":
-            raise ValueError(
+            raise InputError(
                 "fairseq-interactive prints hard alignments only (--print-alignment, or --print-alignment hard); "
                 "fairseq-generate --print-alignment soft prints soft ones"
             )

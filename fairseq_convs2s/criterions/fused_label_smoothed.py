@@ -23,6 +23,7 @@ from fairseq.criterions.label_smoothed_cross_entropy import (
 from fairseq.models import BaseFairseqModel, FairseqDecoder
 from torch import Tensor
 
+from ..errors import InputError
 from ..models.decoder import ConvS2SDecoder
 from .label_smoothed_loss import (
     ProjectedLoss,
@@ -80,7 +81,7 @@ class FusedLabelSmoothedCrossEntropyCriterion(LabelSmoothedCrossEntropyCriterion
     def __init__(self, task, sentence_avg, label_smoothing, ignore_prefix_size=0, report_accuracy=False):
         # fairseq's criterion takes any --label-smoothing and trains on: above 1 the target's weight turns negative
         if not 0.0 <= label_smoothing < 1.0:
-            raise ValueError(f"--label-smoothing must lie in [0, 1), got {label_smoothing}")
+            raise InputError(f"--label-smoothing must lie in [0, 1), got {label_smoothing}")
         super().__init__(task, sentence_avg, label_smoothing, ignore_prefix_size, report_accuracy)
 
     def forward(self, model, sample, reduce=True):

@@ -7,6 +7,7 @@ from fairseq.data import Dictionary
 from fairseq.dataclass import ChoiceEnum, FairseqDataclass
 from omegaconf import II
 
+from ..errors import InputError
 from .costs import COSTS, SequenceCost
 
 # what fairseq.data.data_utils.post_process understands; anything else raises there, mid-training
@@ -74,36 +75,36 @@ def check_settings(
 ) -> None:
     """Refuse settings that would fail mid-training or train nothing, naming the flags (ValueError)."""
     if not 0.0 <= risk_alpha <= 1.0:
-        raise ValueError(f"--risk-alpha must lie in [0, 1] (the weight of the token-level loss), got {risk_alpha}")
+        raise InputError(f"--risk-alpha must lie in [0, 1] (the weight of the token-level loss), got {risk_alpha}")
     if risk_candidates < 1:
-        raise ValueError(f"--risk-candidates must be at least 1, got {risk_candidates}")
+        raise InputError(f"--risk-candidates must be at least 1, got {risk_candidates}")
     if risk_candidates == 1 and not risk_include_reference and risk_alpha < 1.0:
         # one candidate renormalizes to probability 1: the risk is a constant and its gradient is zero
-        raise ValueError(
+        raise InputError(
             "--risk-candidates 1 without --risk-include-reference gives a one-element candidate set, whose "
             "renormalized probability is always 1, so the risk has no gradient: use --risk-candidates >= 2 "
             "or add --risk-include-reference"
         )
     if not 0.0 <= label_smoothing < 1.0:
-        raise ValueError(f"--label-smoothing must lie in [0, 1), got {label_smoothing}")
+        raise InputError(f"--label-smoothing must lie in [0, 1), got {label_smoothing}")
     if risk_max_len_a < 0 or risk_max_len_b < 1:  # (b < 1: the candidates of a batch of short sources, none)
-        raise ValueError(
+        raise InputError(
             f"--risk-max-len-a {risk_max_len_a} --risk-max-len-b {risk_max_len_b}: a batch of short sources "
             "could have no candidate token; --risk-max-len-a must be >= 0 and --risk-max-len-b >= 1"
         )
     if risk_sampling_topk == 0 or risk_sampling_topk < -1:
-        raise ValueError(f"--risk-sampling-topk must be -1 (all tokens) or positive, got {risk_sampling_topk}")
+        raise InputError(f"--risk-sampling-topk must be -1 (all tokens) or positive, got {risk_sampling_topk}")
     if risk_sampling_topk != -1 and not risk_sampling:  # (beam search would ignore it)
-        raise ValueError(f"--risk-sampling-topk {risk_sampling_topk} applies to --risk-sampling only: add it")
+        raise InputError(f"--risk-sampling-topk {risk_sampling_topk} applies to --risk-sampling only: add it")
     if str(risk_cost) not in COSTS:
-        raise ValueError(f"--risk-cost {risk_cost!r}: choose one of {sorted(COSTS)}")
+        raise InputError(f"--risk-cost {risk_cost!r}: choose one of {sorted(COSTS)}")
 
 
 def resolve_post_process(cost: SequenceCost, requested: Optional[str], task) -> Optional[str]:
     """The post-processing symbol for ``Dictionary.string``; refuse a text cost on sub-words it would not join."""
     if requested is not None:
         if requested not in POST_PROCESS_CHOICES:
-            raise ValueError(f"--risk-post-process {requested!r}: choose one of {list(POST_PROCESS_CHOICES)}")
+            raise InputError(f"--risk-post-process {requested!r}: choose one of {list(POST_PROCESS_CHOICES)}")
         return None if requested == "none" else requested
     # the translation task's own detokenization flag for --eval-bleu, when the user gave it
     task_choice = getattr(getattr(task, "cfg", None), "eval_bleu_remove_bpe", None)
@@ -112,7 +113,7 @@ def resolve_post_process(cost: SequenceCost, requested: Optional[str], task) -> 
     marker = subword_marker(task.target_dictionary)
     if cost.needs_text and marker is not None:
         kind, example, flag = marker
-        raise ValueError(
+        raise InputError(
             f"--risk-cost {cost.name} scores detokenized text, but the target dictionary holds {kind} pieces "
             f"(e.g. {example!r}) and no post-processing is configured: pass --risk-post-process {flag} "
             "(or --risk-post-process none to score the pieces as they are, or --risk-cost edit)"

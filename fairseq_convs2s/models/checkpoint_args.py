@@ -1,14 +1,16 @@
 """What a loaded fairseq checkpoint says about its model: its ``--arch`` and its model args. Read by the model (to
 refuse training on from another model: ``structure.py``) and by the converter (``fconv_checkpoint.py``); imports
-nothing of the plugin, so that the model does not import the converter."""
+nothing of the plugin but its exception, so that the model does not import the converter."""
 
 from argparse import Namespace
 from typing import Tuple
 
+from ..errors import InputError
+
 FCONV_ARCHS = ("fconv", "fconv_iwslt_de_en", "fconv_wmt_en_ro", "fconv_wmt_en_de", "fconv_wmt_en_fr")
 
 
-class ConversionError(ValueError):
+class ConversionError(InputError):
     """The input is not a convertible fconv checkpoint; the message says why."""
 
 

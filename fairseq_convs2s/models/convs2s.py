@@ -10,6 +10,7 @@ from fairseq.dataclass.utils import gen_parser_from_dataclass
 from fairseq.models import FairseqEncoderDecoderModel, register_model
 
 from ..compat.checkpoints import is_building_to_load
+from ..errors import InputError
 from ..modules.attention import value_scale_for
 from ..modules.weight_norm import WeightNorm
 from .checkpoint_args import ConversionError, model_args_of
@@ -99,7 +100,7 @@ class ConvS2SModel(FairseqEncoderDecoderModel):
         _check_sizes(cfg, args)
         if cfg.encoder_embed_dim != cfg.decoder_embed_dim:
             # the query d (decoder width f) is dotted with the keys z (encoder width f)
-            raise ValueError(
+            raise InputError(
                 f"--encoder-embed-dim ({cfg.encoder_embed_dim}) and --decoder-embed-dim ({cfg.decoder_embed_dim}) "
                 "must be equal: attention scores are dot products between the two"
             )
@@ -192,14 +193,14 @@ class ConvS2SModel(FairseqEncoderDecoderModel):
             rows = module.embed_tokens.num_embeddings
             if weight is not None and weight.size(0) != rows:
                 label = getattr(self, "dictionary_labels", {}).get(side, f"{side} dictionary")
-                raise ValueError(
+                raise InputError(
                     f"dictionary mismatch: the checkpoint's {side} dictionary has {weight.size(0)} entries, "
                     f"the data's {label} has {rows}: {USE_THE_TRAINING_DICTIONARY}"
                 )
         source, target = tables["source"], tables["target"]
         shared = self.encoder.embed_tokens is self.decoder.embed_tokens
         if shared and source is not None and target is not None and not torch.equal(source, target):
-            raise ValueError(
+            raise InputError(
                 "the checkpoint has separate source and target embeddings, and this model one table for both "
                 "(--share-all-embeddings): build it as the checkpoint was trained, without the flag"
             )
@@ -211,7 +212,7 @@ def _check_sizes(cfg: ConvS2SConfig, args: Namespace) -> None:
     ``ZeroDivisionError`` or ``math domain error`` (an initialization std of sqrt(p / 0) or of a negative
     retain probability p), trains on after a negative dropout, or sees every gradient turn NaN (dropout 1)."""
     if not 0.0 <= cfg.dropout < 1.0:
-        raise ValueError(f"--dropout must lie in [0, 1) (the probability of dropping a unit), got {cfg.dropout}")
+        raise InputError(f"--dropout must lie in [0, 1) (the probability of dropping a unit), got {cfg.dropout}")
     for flag, value in (
         ("--encoder-embed-dim", cfg.encoder_embed_dim),
         ("--decoder-embed-dim", cfg.decoder_embed_dim),
@@ -220,7 +221,7 @@ def _check_sizes(cfg: ConvS2SConfig, args: Namespace) -> None:
         ("--max-target-positions", getattr(args, "max_target_positions", None)),
     ):
         if value is not None and value < 1:
-            raise ValueError(f"{flag} must be at least 1, got {value}")
+            raise InputError(f"{flag} must be at least 1, got {value}")
 
 
 def _check_shared_embeddings(cfg: ConvS2SConfig, task) -> None:
@@ -233,17 +234,17 @@ def _check_shared_embeddings(cfg: ConvS2SConfig, task) -> None:
     source, target = task.source_dictionary, task.target_dictionary
     if dictionary_fingerprint(source) != dictionary_fingerprint(target):
         labels = dictionary_label(task, "source"), dictionary_label(task, "target")
-        raise ValueError(
+        raise InputError(
             f"--share-all-embeddings needs one dictionary for both languages, but the {labels[0]} and the "
             f"{labels[1]} differ: preprocess with fairseq-preprocess --joined-dictionary"
         )
     if cfg.decoder_out_embed_dim != cfg.decoder_embed_dim:
-        raise ValueError(
+        raise InputError(
             f"--share-all-embeddings needs --decoder-out-embed-dim ({cfg.decoder_out_embed_dim}) equal to "
             f"--decoder-embed-dim ({cfg.decoder_embed_dim}): the output projection is the embedding table"
         )
     if cfg.decoder_embed_path and cfg.decoder_embed_path != cfg.encoder_embed_path:
-        raise ValueError(
+        raise InputError(
             "--share-all-embeddings reads pre-trained vectors from --encoder-embed-path only; "
             f"--decoder-embed-path ({cfg.decoder_embed_path}) would be a second table"
         )
@@ -292,9 +293,9 @@ def _load_embedding_file(path, dictionary, embed_dim: int, side: str):
             try:
                 vector = torch.tensor([float(x) for x in numbers])
             except ValueError:
-                raise ValueError(f"{flag} {path}, line {number}: {word!r} is not followed by numbers") from None
+                raise InputError(f"{flag} {path}, line {number}: {word!r} is not followed by numbers") from None
             if len(vector) != embed_dim:
-                raise ValueError(
+                raise InputError(
                     f"{flag} {path}, line {number}: {word!r} has {len(vector)} numbers, the model's {side} "
                     f"embeddings {embed_dim} (--{side}-embed-dim)"
                 )

@@ -7,6 +7,8 @@ import os
 from argparse import Namespace
 from typing import Dict, Optional
 
+from ..errors import InputError
+
 SIDES = ("source", "target")
 USE_THE_TRAINING_DICTIONARY = (
     "use the dictionary the model was trained with (fairseq-preprocess --srcdict/--tgtdict with the training "
@@ -45,7 +47,7 @@ def check_dictionaries(args: Namespace, task) -> None:
         if recorded is None:
             setattr(args, f"{side}_dictionary_fingerprint", current)
         elif recorded != current:
-            raise ValueError(mismatch(side, recorded, current, dictionary_label(task, side)))
+            raise InputError(mismatch(side, recorded, current, dictionary_label(task, side)))
 
 
 def mismatch(side: str, recorded: str, current: str, label: str) -> str:

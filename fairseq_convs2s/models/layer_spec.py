@@ -11,8 +11,10 @@ and ``* n`` (repeat) are accepted, so ``"[(512, 3)] * 9 + [(1024, 3)] * 4 + [(20
 import ast
 from typing import Any, Callable, List, NamedTuple, Union
 
+from ..errors import InputError
 
-class LayerSpecError(ValueError):
+
+class LayerSpecError(InputError):
     """A layer or attention spec that cannot be parsed or does not describe a valid model."""
 
 

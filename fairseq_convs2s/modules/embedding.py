@@ -7,6 +7,7 @@ import torch.nn.functional as F
 from fairseq import utils
 from torch import Tensor, nn
 
+from ..errors import InputError
 from .training_products import training_linear
 
 
@@ -65,7 +66,7 @@ class LearnedPositionalEmbedding(nn.Embedding):
         length = tokens.size(1)
         if length > self.max_positions:
             flag = "--max-source-positions" if self.side == "source" else "--max-target-positions"
-            raise ValueError(
+            raise InputError(
                 f"a {self.side} sequence of {length} tokens is longer than the model's {self.max_positions} "
                 f"positions; shorten the input (fairseq's --truncate-source for sources, "
                 f"--skip-invalid-size-inputs-valid-test to skip), or train a model with a larger {flag}"
