@@ -45,7 +45,7 @@ import torch
 
 from .compat import install_training_fixes
 from .compat.training import stop_signals_handled_by
-from .errors import InputError
+from .errors import InputError, refusal_in
 
 logger = logging.getLogger("fairseq_convs2s.train")
 
@@ -262,12 +262,18 @@ def _run_ranks(rank_main, args: tuple, ranks: int) -> None:
 
 
 def _join_failed(context) -> None:
-    """After a rank failed: torch's join ends the others and raises, with the failed rank's traceback; a rank killed
-    by a signal (the kernel's OOM killer: SIGKILL) has none, and ends the run in one line instead of the launcher's
-    own traceback, with the shell's exit status for that signal."""
+    """After a rank failed: torch's join ends the others and raises, with the failed rank's traceback. A rank that
+    the plugin's InputError ended, and one killed by a signal (the kernel's OOM killer: SIGKILL), which has none, end
+    the run in one line instead of the launcher's own traceback (exit 1; the shell's status for that signal)."""
     try:
         while not context.join():
             pass
+    except torch.multiprocessing.ProcessRaisedException as e:
+        refusal = refusal_in(str(e))
+        if refusal is None:
+            raise
+        print(f"{os.path.basename(sys.argv[0])}: error: {refusal}", file=sys.stderr)  # (as one process prints it)
+        raise SystemExit(1) from None
     except torch.multiprocessing.ProcessExitedException as e:
         if not e.signal_name:
             raise

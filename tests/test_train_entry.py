@@ -62,12 +62,27 @@ def test_a_save_dir_it_cannot_write_is_a_usage_error(corpus, monkeypatch, capsys
 def test_a_setting_the_model_refuses_ends_in_one_line(corpus):
     """A flag the plugin refuses once fairseq has read it (here unequal embedding widths, when the model is built):
     one line and exit status 1, as under fairseq-train, where it ended a traceback through fairseq's loop."""
-    proc = run(corpus, launcher_cmd("bin", "dims", "--max-update", "1", "--encoder-embed-dim", "32"))
-    assert proc.returncode == 1 and "Traceback" not in proc.stderr, tail(proc)
-    assert proc.stderr.strip().splitlines()[-1] == (
+    line = (
         "train.py: error: --encoder-embed-dim (32) and --decoder-embed-dim (64) must be equal: attention scores are "
         "dot products between the two"
-    ), tail(proc)
+    )
+    for ranks in ("1", "2"):  # (two: the failed rank's traceback, handed to the launcher, was printed by it)
+        cmd = launcher_cmd("bin", "dims", "--max-update", "1", "--encoder-embed-dim", "32")
+        proc = run(corpus, [*cmd, "--distributed-world-size", ranks])
+        assert proc.returncode == 1 and "Traceback" not in proc.stderr, tail(proc)
+        assert proc.stderr.strip().splitlines()[-1] == line and proc.stderr.count(line) == 1, tail(proc)
+
+
+def test_a_rank_refusal_is_read_from_its_traceback():
+    from fairseq_convs2s.compat.broken_checkpoints import BrokenCheckpoint  # noqa: F401  (loaded, as in a launcher)
+    from fairseq_convs2s.errors import refusal_in
+
+    trace = "Traceback (most recent call last):\n  File ...\nfairseq_convs2s.errors.InputError: --x must be 1: a: b\n"
+    assert refusal_in(trace) == "--x must be 1: a: b"
+    broken = "Traceback ...\nfairseq_convs2s.compat.broken_checkpoints.BrokenCheckpoint: ckpt.pt is empty\n"
+    assert refusal_in(broken) == "ckpt.pt is empty"
+    for other in ("Traceback ...\nValueError: --x must be 1", "Traceback ...\nos.path: not a class", "KeyError"):
+        assert refusal_in(other) is None
 
 
 @pytest.mark.skipif(torch.cuda.device_count() > 0, reason="what happens without a GPU")
