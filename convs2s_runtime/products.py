@@ -16,7 +16,13 @@ from torch import Tensor
 # oneDNN's fixed cost per call is paid back from this weight size (in x out) and this many multiply-adds up
 ONEDNN_MIN_WEIGHT = 1 << 18
 ONEDNN_MIN_MACS = 1 << 20
-ONEDNN_DTYPES = frozenset({torch.float32, torch.bfloat16}) if torch.backends.mkldnn.is_available() else frozenset()
+# (bf16 where oneDNN has its instructions: AVX512BW/VL/DQ or AVX-NE-CONVERT; without them it refuses to pack a bf16
+# weight, and MKL's product, emulated, is the one there is)
+ONEDNN_DTYPES = (
+    frozenset({torch.float32} | ({torch.bfloat16} if torch.ops.mkldnn._is_mkldnn_bf16_supported() else set()))
+    if torch.backends.mkldnn.is_available()
+    else frozenset()
+)
 
 # Whether torch.compile is tracing now: torch's own function, looked up once (it is asked at every oneDNN product of
 # a decoding step); never, on a torch without it. Traced code takes the forms that compile as one graph.

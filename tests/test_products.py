@@ -28,6 +28,19 @@ def test_a_product_equals_f_linear_in_either_form(rows):
     assert made == [packed]
 
 
+def test_a_bf16_product_works_on_any_cpu():
+    """In bf16 a large product goes through oneDNN only where oneDNN has the instructions for it (AVX512BW/VL/DQ or
+    AVX-NE-CONVERT); on a CPU without them (AMD Zen 3) packing the weight raised "mkldnn_reorder_linear_weight: bf16
+    path needs the cpu support ...", ending fairseq-generate --bf16. Elsewhere MKL's product serves."""
+    torch.manual_seed(0)
+    weight, bias = (torch.randn(1024, 512) / 20).bfloat16(), torch.randn(1024).bfloat16()
+    x = torch.randn(64, 512).bfloat16()
+    with torch.no_grad():
+        out = Product.of_weight(weight, bias)(x)
+    torch.testing.assert_close(out.float(), F.linear(x.float(), weight.float(), bias.float()), rtol=2e-2, atol=2e-2)
+    assert products.onednn_pays(x, 512 * 1024) == torch.ops.mkldnn._is_mkldnn_bf16_supported()
+
+
 def test_training_linear_through_onednn_has_the_gradients_of_f_linear():
     """A large training product (64 x 512 x 1024) runs through oneDNN's autograd product; its output and the
     gradients of x, g, v and b equal those of F.linear on the same weight."""
