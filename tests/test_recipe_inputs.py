@@ -167,3 +167,58 @@ def test_the_quickstart_redoes_an_interrupted_preprocess(left, tmp_path, monkeyp
     with pytest.raises(CommandFailed, match="^fairseq-train exited with status 1"):
         quickstart.run_stages(Namespace(out=out, max_epoch=1, vocab_size=120))
     assert f"== 3/7 fairseq-preprocess: already done ({bin_dir / 'test.src-tgt.tgt.idx'})" in capsys.readouterr().out
+
+
+def _wmt_files(folder, sizes, lines=lambda lang, i: f"{lang} words {i}"):
+    folder.mkdir(parents=True, exist_ok=True)
+    for split, n in sizes.items():
+        for lang in ("en", "de"):
+            (folder / f"{split}.{lang}").write_text("".join(lines(lang, i) + "\n" for i in range(n)), encoding="utf-8")
+    return folder
+
+
+@pytest.mark.parametrize(
+    "split, blank, said",
+    [
+        ("train", False, "are empty: the train split needs sentences"),
+        ("train", True, "hold no pair with words on both sides in 3 lines: the train split needs sentences"),
+        ("valid", False, "are empty: the valid split needs sentences"),
+        ("test", False, "are empty: the test split needs sentences"),
+    ],
+)
+def test_a_split_without_sentences_is_refused_at_the_data_stage(split, blank, said, tmp_path):
+    """An empty (or blank) train split ended stage 2 in sentencepiece's RuntimeError traceback ('[!sentences_
+    .empty()]'); an empty valid split stopped only in fairseq-train, an empty test split only after training."""
+    from recipes import pipeline
+
+    sizes = {"train": 20, "valid": 5, "test": 5, split: 3 if blank else 0}
+    raw = _wmt_files(tmp_path / "raw", sizes, lambda lang, i: "" if blank else f"{lang} words {i}")
+    recipe = pipeline.Recipe(name="t", langs=("en", "de"), raw_prefixes={s: s for s in ("train", "valid", "test")})
+    out = tmp_path / "out"
+    with pytest.raises(SystemExit) as ended:
+        pipeline.main(recipe, "doc", ["--out", str(out), "--raw-dir", str(raw), "--vocab-size", "40"])
+    assert ended.value.code.split(": error: ")[1] == f"{raw / split}.en and {raw / split}.de {said}"
+    assert not (out / "raw" / f"{split}.de").exists()  # (not taken as done: the fixed files are read on the rerun)
+    assert not (out / "spm").exists()
+
+
+def test_a_split_the_length_filter_empties_is_refused_before_fairseq_preprocess(tmp_path):
+    """A valid split whose every pair the length/ratio filter drops was binarized empty, and fairseq-train refused
+    it after fairseq-preprocess (tens of minutes on WMT) with a remedy that named neither the filter nor raw/."""
+    from recipes import pipeline
+
+    def lines(lang, i):
+        return f"{lang} words {i}" if i < 20 or lang == "de" else "x"  # valid: 1 piece against 3 or more
+
+    raw = _wmt_files(tmp_path / "raw", {"train": 20, "valid": 25, "test": 5}, lines)
+    (raw / "valid.en").write_text("x\n" * 5, encoding="utf-8")
+    (raw / "valid.de").write_text("".join(f"de words {i} and more words\n" for i in range(5)), encoding="utf-8")
+    recipe = pipeline.Recipe(name="t", langs=("en", "de"), raw_prefixes={s: s for s in ("train", "valid", "test")})
+    out = tmp_path / "out"
+    with pytest.raises(SystemExit) as ended:
+        pipeline.main(recipe, "doc", ["--out", str(out), "--raw-dir", str(raw), "--vocab-size", "40"])
+    assert ended.value.code.split(": error: ")[1] == (
+        f"no pair of {out / 'raw' / 'valid'}.{{en,de}} passes the length filter (each side 1 to 250 "
+        f"pieces, lengths within 1.5x): fix the raw files, then delete raw/ and spm/ in {out} to redo them"
+    )
+    assert not (out / "spm" / "test.done").exists() and not (out / "data-bin").exists()

@@ -128,7 +128,14 @@ def prepare_raw(recipe: Recipe, args, raw: Path) -> None:
         limit = args.max_train_lines if split == "train" else recipe.max_valid_lines if split == "valid" else None
         read_from = [text.find_raw_file(source_dir, name[lang]) for lang in (a, b)]  # (plain or .gz)
         pairs = text.read_pairs(*read_from, limit)
-        n = text.write_normalized_pairs(pairs, raw / f"{split}.{a}", raw / f"{split}.{b}", recipe.fix_line)
+        written = [raw / f"{split}.{lang}" for lang in (a, b)]
+        n = text.write_normalized_pairs(pairs, *written, recipe.fix_line)
+        if not any(s.strip() and t.strip() for s, t in text.read_pairs(*written)):
+            # (sentencepiece ended in a RuntimeError traceback on an empty train split; fairseq refused an empty
+            # valid or test split only after the training before it)
+            remove(*written)  # (not done: the rerun reads the fixed files)
+            what = "are empty" if n == 0 else f"hold no pair with words on both sides in {n} lines"
+            raise text.DataError(f"{read_from[0]} and {read_from[1]} {what}: the {split} split needs sentences")
         print(f"   {split}: {n} pairs from {read_from[0]} and {read_from[1].name}")
 
 
@@ -175,4 +182,11 @@ def prepare_pieces(recipe: Recipe, args, raw: Path, spm_dir: Path) -> None:
             threads=args.workers,
         )
         print(f"   {name}: {kept} of {read} pairs" + (" kept by the length/ratio filter" if filtered else ""))
+        if kept == 0:  # (fairseq refused the empty split only in the training after fairseq-preprocess)
+            ratio = f", lengths within {recipe.max_len_ratio}x" if recipe.max_len_ratio else ""
+            raise text.DataError(
+                f"no pair of {raw / name}.{{{a},{b}}} passes the length filter (each side 1 to "
+                f"{recipe.max_tokens_per_side} pieces{ratio}): fix the raw files, then delete raw/ and spm/ in "
+                f"{args.out} to redo them"
+            )
     (spm_dir / "test.done").touch()
