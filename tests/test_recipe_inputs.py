@@ -222,3 +222,27 @@ def test_a_split_the_length_filter_empties_is_refused_before_fairseq_preprocess(
         f"pieces, lengths within 1.5x): fix the raw files, then delete raw/ and spm/ in {out} to redo them"
     )
     assert not (out / "spm" / "test.done").exists() and not (out / "data-bin").exists()
+
+
+@pytest.mark.parametrize(
+    "given, said",
+    [
+        (["--duc-source", "input.txt"], "--duc-source needs --duc-refs, its reference headlines"),
+        (["--duc-refs", "ref0.txt"], "--duc-refs needs --duc-source, the articles they are the headlines of"),
+        (["--duc-source", "gone.txt", "--duc-refs", "ref0.txt"], "gone.txt not found"),
+        (["--duc-source", "input.txt", "--duc-refs", "ref0.txt", "gone.txt"], "gone.txt not found"),
+    ],
+)
+def test_gigaword_duc_flags_it_cannot_use_stop_before_any_stage(given, said, tmp_path, monkeypatch, capsys):
+    """A missing DUC file ended in a FileNotFoundError traceback once stages 1-3 had run; --duc-source alone stopped
+    with a bare line ('--duc-source needs --duc-refs', no 'run.py: error:'), and --duc-refs alone was ignored."""
+    spec = importlib.util.spec_from_file_location("gigaword_run", REPO_ROOT / "examples" / "gigaword" / "run.py")
+    gigaword = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gigaword)
+    for name in ("input.txt", "ref0.txt"):
+        (tmp_path / name).write_text("a line\n", encoding="utf-8")
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit) as ended:
+        gigaword.main(gigaword.RECIPE, "doc", ["--out", "out", "--raw-dir", "nowhere", *given])
+    assert ended.value.code.split(": error: ", 1)[1] == said
+    assert "== 1/7" not in capsys.readouterr().out and not (tmp_path / "out").exists()

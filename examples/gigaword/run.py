@@ -16,6 +16,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from recipes.download import extract, fetch  # noqa: E402
 from recipes.pipeline import EvalSet, Recipe, main  # noqa: E402
+from recipes.text import DataError  # noqa: E402
 
 # Rush et al.'s (2015) Gigaword data as harvardnlp/sent-summary published it, in the "org_data" layout that
 # microsoft/unilm repackaged (the archive the Hugging Face and TensorFlow "gigaword" datasets download)
@@ -49,10 +50,17 @@ def add_args(parser):
 
 
 def duc_eval_sets(args):
+    """The DUC-2004 test set of --duc-source and --duc-refs; a flag without the other, or a file that is not there, is
+    refused before any stage runs (one line, run.py: error: ...)."""
     if not args.duc_source:
+        if args.duc_refs:
+            raise DataError("--duc-refs needs --duc-source, the articles they are the headlines of")
         return []
     if not args.duc_refs:
-        raise SystemExit("--duc-source needs --duc-refs")
+        raise DataError("--duc-source needs --duc-refs, its reference headlines")
+    for path in (args.duc_source, *args.duc_refs):
+        if not path.is_file():
+            raise DataError(f"{path} not found")
     return [
         EvalSet(
             "duc2004",
