@@ -21,6 +21,7 @@ import torch
 from fairseq_convs2s.train import keep_freed_memory
 
 from . import measure
+from .arguments import size_names
 from .pair import SIZES
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -54,7 +55,7 @@ def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("revision", help="a git revision: HEAD~1, a commit")
     p.add_argument("what", help="MODULE:NAME[,NAME...], e.g. criterions.fused_label_smoothed:_X.forward")
-    p.add_argument("--sizes", default="iwslt", help=f"comma-separated, of {sorted(SIZES)}")
+    p.add_argument("--sizes", type=size_names, default="iwslt", help=f"comma-separated, of {sorted(SIZES)}")
     p.add_argument("--repeats", type=int, default=21)
     measure.add_malloc_flag(p)
     args = p.parse_args(argv)

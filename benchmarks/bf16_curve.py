@@ -23,6 +23,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from .arguments import data_bin_path
+
 REPO = Path(__file__).resolve().parent.parent
 USER_DIR = REPO / "fairseq_convs2s"
 _RECORD = re.compile(r"\| train_inner \| (\{.*\})\s*$")
@@ -62,7 +64,7 @@ def validate(data: Path, checkpoint: Path):
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("data", type=Path)
+    parser.add_argument("data", type=data_bin_path)
     parser.add_argument("--updates", type=int, default=200)
     parser.add_argument("--log-interval", type=int, default=20)
     parser.add_argument("--arch", default="convs2s_iwslt_de_en")

@@ -23,6 +23,7 @@ from typing import Dict, List
 import torch
 
 from . import measure
+from .arguments import size_names
 from .pair import SIZES
 
 MODES = ("kept", "checkpointed")
@@ -79,7 +80,7 @@ def summary(rounds: List[Dict[str, Dict]]) -> Dict[str, object]:
 
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--sizes", default="iwslt,wmt_en_de", help=f"comma-separated, of {sorted(SIZES)}")
+    p.add_argument("--sizes", type=size_names, default="iwslt,wmt_en_de", help=f"comma-separated, of {sorted(SIZES)}")
     p.add_argument("--sentences", type=int, default=64, help="sentences in the batch")
     p.add_argument("--length", type=int, default=25, help="tokens per source and target sentence, before EOS")
     p.add_argument("--rounds", type=int, default=3, help="fresh processes per mode, modes in turn")

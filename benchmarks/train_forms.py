@@ -32,6 +32,7 @@ from fairseq_convs2s.criterions import fused_label_smoothed, label_smoothed_loss
 from fairseq_convs2s.modules import dropout, embedding, weight_norm
 
 from . import measure
+from .arguments import size_names
 
 
 @contextlib.contextmanager
@@ -100,7 +101,7 @@ DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--sizes", default="iwslt,wmt_en_de")
+    p.add_argument("--sizes", type=size_names, default="iwslt,wmt_en_de")
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--threads", type=int, default=0)
     p.add_argument("--variants", default=",".join(VARIANTS), help=f"comma-separated, of {', '.join(VARIANTS)}")

@@ -15,6 +15,7 @@ from pathlib import Path
 import torch
 
 from . import measure, run
+from .arguments import size_names
 from .pair import SIZES
 
 
@@ -23,7 +24,7 @@ def main(argv=None) -> None:
     p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     p.add_argument("--repeats", type=int, default=5, help="timed repeats per configuration (medians)")
     p.add_argument("--src-len", type=int, default=25)
-    p.add_argument("--sizes", default="iwslt,wmt_en_de", help=f"comma-separated, of {sorted(SIZES)}")
+    p.add_argument("--sizes", type=size_names, default="iwslt,wmt_en_de", help=f"comma-separated, of {sorted(SIZES)}")
     p.add_argument("--quick", action="store_true", help="16 sentences an update, 2 repeats: to check the script")
     p.add_argument("--out", default=None, help="JSON file (default benchmarks/results/training_<device>.json)")
     measure.add_malloc_flag(p)

@@ -446,3 +446,36 @@ def test_machine_line_names_torch_the_commit_and_the_malloc_setting():
     line = measure.machine_line(kept=True)
     assert f"torch {torch.__version__}" in line and line.endswith("freed memory kept: True")
     assert f"{torch.get_num_threads()} threads" in line and "commit " in line
+
+
+@pytest.mark.parametrize(
+    "module, argv, said",
+    [
+        ("real_batches", ["{tmp}/gone"], "argument data_bin: {tmp}/gone: no such folder"),
+        ("real_batches", ["{tmp}"], "argument data_bin: {tmp} holds no dict.*.txt: not a fairseq-preprocess folder"),
+        ("risk_update", ["{tmp}/bin", "{tmp}/gone.pt"], "argument checkpoint: {tmp}/gone.pt: no such file"),
+        ("bf16_curve", ["{tmp}/gone"], "argument data: {tmp}/gone: no such folder"),
+        ("recipe_training", ["{tmp}/gone"], "argument data: {tmp}/gone: no such folder"),
+        ("data_workers", ["{tmp}/bin:{tmp}/gone"], "argument data: {tmp}/gone: no such folder"),
+        ("op_split", ["--sizes", "iwslt,big"], "argument --sizes: unknown size 'big': choose from iwslt, wmt_en_de"),
+        (
+            "checkpoint_activations",
+            ["--sizes", "big"],
+            "argument --sizes: unknown size 'big': choose from iwslt, wmt_en_de",
+        ),
+        ("train_forms", ["--sizes", "big"], "argument --sizes: unknown size 'big': choose from iwslt, wmt_en_de"),
+    ],
+)
+def test_a_data_folder_or_size_the_tools_cannot_use_is_a_usage_error(module, argv, said, tmp_path, capsys):
+    """A DATA_BIN that is not there ended in a FileNotFoundError traceback (real_batches, recipe_training,
+    data_workers), a CalledProcessError of the first training (bf16_curve) or fairseq's OSError (risk_update's
+    checkpoint); an unknown --sizes name in a KeyError once the tool had started."""
+    import importlib
+
+    (tmp_path / "bin").mkdir()
+    (tmp_path / "bin" / "dict.en.txt").write_text("a 1\n", encoding="utf-8")
+    tool = importlib.import_module(f"benchmarks.{module}")
+    with pytest.raises(SystemExit) as ended:
+        tool.main([arg.format(tmp=tmp_path) for arg in argv])
+    assert ended.value.code == 2
+    assert capsys.readouterr().err.splitlines()[-1].split(" error: ", 1)[1] == said.format(tmp=tmp_path)

@@ -1,0 +1,36 @@
+"""argparse types of the benchmarks' command lines: a size list or a data folder a tool cannot use is a usage error
+in one line (``real_batches.py: error: argument data_bin: ...``), not a KeyError or FileNotFoundError traceback
+once the tool has started."""
+
+import argparse
+from pathlib import Path
+
+from .pair import SIZES
+
+
+def size_names(text: str) -> str:
+    """``--sizes``: comma-separated names of ``pair.SIZES``, returned as given (the tools split it)."""
+    unknown = [name for name in text.split(",") if name not in SIZES]
+    if unknown:
+        raise argparse.ArgumentTypeError(f"unknown size {unknown[0]!r}: choose from {', '.join(sorted(SIZES))}")
+    return text
+
+
+def data_bin(text: str) -> str:
+    """A fairseq-preprocess folder (its dict.*.txt), or several joined by ':' as fairseq reads them."""
+    for folder in map(Path, text.split(":")):
+        if not folder.is_dir():
+            raise argparse.ArgumentTypeError(f"{folder}: no such folder")
+        if not any(folder.glob("dict.*.txt")):
+            raise argparse.ArgumentTypeError(f"{folder} holds no dict.*.txt: not a fairseq-preprocess folder")
+    return text
+
+
+def data_bin_path(text: str) -> Path:
+    return Path(data_bin(text))
+
+
+def checkpoint_file(text: str) -> str:
+    if not Path(text).is_file():
+        raise argparse.ArgumentTypeError(f"{text}: no such file")
+    return text
