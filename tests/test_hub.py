@@ -511,3 +511,27 @@ def test_download_problems_say_what_to_do(monkeypatch):
     monkeypatch.setattr(hub_module.file_utils, "load_archive_file", lambda path: None)  # fairseq's "not found"
     with pytest.raises(FileNotFoundError, match=r"could not download or unpack https://dl.fbaipublicfiles.com/"):
         ConvS2SModel.from_pretrained("conv.wmt14.en-fr")
+
+
+@pytest.mark.parametrize("layout", ["top_folder", "dot_slash"])
+def test_a_local_archive_is_unpacked_and_left_as_it_is(fconv_archive, tmp_path, monkeypatch, layout):
+    """A local .tar.gz of the model (files under one top folder, or ``tar -C dir .``'s './' names) and one of the
+    data: both translate like fconv, and both archives are still there, unchanged. fairseq's load_archive_file
+    deleted a local archive and moved the unpacked folder to its name; with './' names it then stopped in
+    ``OSError: [Errno 22] Invalid argument`` (shutil.rmtree), the archive already gone. The second load reuses the
+    unpacked folder and its conversion."""
+    monkeypatch.setattr(hub_module.file_utils, "PYTORCH_FAIRSEQ_CACHE", str(tmp_path / "cache"))
+    model_tar, data_tar = tmp_path / "model.tar.gz", tmp_path / "data.tar.gz"
+    with tarfile.open(model_tar, "w:gz") as archive:
+        for name in ("model.pt", "dict.src.txt", "dict.tgt.txt"):
+            top = "archive/" if layout == "top_folder" else "./"
+            archive.add(fconv_archive.folder / name, arcname=top + name)
+    with tarfile.open(data_tar, "w:gz") as archive:
+        archive.add(fconv_archive.folder / "dict.src.txt", arcname="./dict.src.txt")
+        archive.add(fconv_archive.folder / "dict.tgt.txt", arcname="./dict.tgt.txt")
+    before = model_tar.read_bytes(), data_tar.read_bytes()
+    for _ in range(2):
+        hub = ConvS2SModel.from_pretrained(str(model_tar), data_name_or_path=str(data_tar))
+        assert hub.translate(FCONV_SENTENCES, max_len_b=MAX_LEN_B) == fconv_archive.translations
+        assert (model_tar.read_bytes(), data_tar.read_bytes()) == before
+    assert len(list((tmp_path / "cache").rglob("model.convs2s.pt"))) == 1

@@ -8,9 +8,12 @@ next load finds the converted file and does not read the original again. A convs
 """
 
 import glob
+import hashlib
 import logging
 import os
+import shutil
 import tarfile
+import tempfile
 from typing import Dict, Tuple
 
 import torch
@@ -119,6 +122,39 @@ def _check_model_path(path: str) -> None:
         )
 
 
+def _unpacked(path: str) -> str:
+    """The folder a local archive unpacks to, in fairseq's cache (one per archive file and version: its path, size and
+    modification time), unpacked now unless it already is; the archive stays as it is. (fairseq's load_archive_file
+    deletes a local archive and moves the unpacked folder to its name; with members named './...' it then stops in
+    ``OSError: [Errno 22]``, or a ``FileNotFoundError`` when the names share a prefix, the archive already gone.)
+    The folder is the archive's one top folder, if it has one, else the unpacked files'."""
+    st = os.stat(path)
+    key = hashlib.sha256(f"{os.path.abspath(path)}:{st.st_size}:{st.st_mtime_ns}".encode()).hexdigest()[:16]
+    cache = os.path.join(str(file_utils.PYTORCH_FAIRSEQ_CACHE), "local_archives")
+    target = os.path.join(cache, f"{os.path.basename(path)}.{key}")
+    if not os.path.isdir(target):
+        os.makedirs(cache, exist_ok=True)
+        partial = tempfile.mkdtemp(dir=cache, prefix=".unpacking.")
+        try:
+            with tarfile.open(path) as archive:
+                safe = {"filter": "data"} if hasattr(tarfile, "data_filter") else {}  # (Pythons since 2023)
+                archive.extractall(partial, **safe)  # (no member written outside the folder)
+            os.replace(partial, target)
+        except OSError:
+            if not os.path.isdir(target):  # (another process unpacked it first: use that)
+                raise
+        finally:
+            shutil.rmtree(partial, ignore_errors=True)
+    entries = os.listdir(target)
+    only = os.path.join(target, entries[0]) if len(entries) == 1 else None
+    return only if only and os.path.isdir(only) else target
+
+
+def _local_archive(path: str) -> str:
+    """``path`` unpacked (``_unpacked``) when it is a local archive file, else as it is."""
+    return _unpacked(path) if "://" not in path and os.path.isfile(path) and _is_archive(path) else path
+
+
 def _data_path(model_dir: str, data_name_or_path: str) -> str:
     """Where fairseq's hub reads ``data_name_or_path``: relative to the model directory when it starts with '.' (an
     archive is not unpacked there), else as it is."""
@@ -167,6 +203,9 @@ def from_pretrained(model_class, model_name_or_path, checkpoint_file="model.pt",
         data_name_or_path = archive_map[data_name_or_path]["path"]
 
     _check_model_path(path)
+    path = _local_archive(path)
+    if not data_name_or_path.startswith("."):
+        data_name_or_path = _local_archive(data_name_or_path)
     try:
         model_dir = file_utils.load_archive_file(path)  # downloads and unpacks a URL once; a local dir stays as is
     except ImportError as e:  # fairseq imports its download client (requests, or boto3 for s3) only when needed
