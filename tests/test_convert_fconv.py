@@ -185,3 +185,24 @@ def test_the_converted_file_is_readable_as_a_plainly_written_one(tmp_path):
     finally:
         os.umask(old_umask)
     assert stat.S_IMODE(out.stat().st_mode) == 0o640
+
+
+def test_a_checkpoint_of_weights_alone_converts_to_one_fairseq_loads(tmp_path):
+    """A checkpoint stripped to its cfg and weights (no optimizer history, no extra_state), and one of fairseq's
+    oldest format (its optimizer state under 'optimizer'): the converted files load in fairseq. Before, the first
+    was written and then stopped fairseq-generate with ``KeyError: 'extra_state'``; the second kept the optimizer
+    state that the conversion drops."""
+    from fairseq import checkpoint_utils
+
+    dictionary = make_dictionary(25)
+    fconv, args = train_fconv(dictionary, steps=1)
+    full = fairseq_checkpoint(fconv, args)
+    bare = {"cfg": full["cfg"], "model": full["model"]}
+    oldest = {"args": args, "model": full["model"], "optimizer": {"state": {"x": torch.ones(3)}}, "best_loss": 1.0,
+              "epoch": 2, "batch_offset": 0, "val_loss": 1.0}  # fmt: skip
+    for name, checkpoint in [("bare", bare), ("oldest", oldest)]:
+        torch.save(checkpoint, tmp_path / f"{name}.pt")
+        convert_file(str(tmp_path / f"{name}.pt"), str(tmp_path / f"{name}.convs2s.pt"))
+        assert "optimizer" not in torch.load(tmp_path / f"{name}.convs2s.pt", weights_only=False)
+        loaded = checkpoint_utils.load_checkpoint_to_cpu(str(tmp_path / f"{name}.convs2s.pt"))
+        assert loaded["cfg"]["model"].arch == "convs2s"

@@ -95,8 +95,10 @@ def convert_checkpoint(checkpoint: dict, model_class) -> dict:
     args = convert_args(model_args, state)
     _check_loads(args, state, model_class)
 
-    out = {k: v for k, v in checkpoint.items() if k not in ("last_optimizer_state", "optimizer_history")}
+    dropped = ("last_optimizer_state", "optimizer_history", "optimizer")  # ('optimizer': fairseq's oldest format)
+    out = {k: v for k, v in checkpoint.items() if k not in dropped}
     out["model"] = state
+    out.setdefault("extra_state", {})  # (fairseq's loader reads it; a checkpoint stripped to its weights has none)
     out["optimizer_history"] = [{"criterion_name": "CrossEntropyCriterion", "optimizer_name": "none",
                                  "lr_scheduler_state": {}, "num_updates": 0}]  # fmt: skip
     if where == "cfg":
