@@ -16,10 +16,18 @@ from .models.fconv_checkpoint import ConversionError, convert_checkpoint, read_c
 
 
 def check_output_path(in_path: str, out_path: str) -> None:
-    """Refuse, before any reading, an ``out_path`` that cannot take the converted checkpoint: a directory, one in
-    a directory that does not exist, or the fconv checkpoint itself (which the conversion would replace)."""
+    """Refuse, before any reading, an ``out_path`` that cannot take the converted checkpoint: none (""), a
+    directory (or a path ending in '/'), one in a directory that does not exist, or the fconv checkpoint itself
+    (which the conversion would replace)."""
+    if not out_path:
+        raise ConversionError("no output file named: name the file to write, e.g. convs2s/checkpoint_best.pt")
     if os.path.isdir(out_path):
-        raise ConversionError(f"{out_path} is a directory: name the file to write, e.g. {out_path}/model.pt")
+        example = os.path.join(out_path, "model.pt")
+        raise ConversionError(f"{out_path} is a directory: name the file to write, e.g. {example}")
+    if out_path.endswith(("/", os.sep)):  # (the directory part of abspath below drops the slash: not checked there)
+        raise ConversionError(
+            f"{out_path} names a directory, and there is none: name the file to write in an existing one"
+        )
     out_dir = os.path.dirname(os.path.abspath(out_path))
     if not os.path.isdir(out_dir):
         raise ConversionError(f"{out_path}: no such directory {out_dir}")

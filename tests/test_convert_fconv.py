@@ -206,3 +206,17 @@ def test_a_checkpoint_of_weights_alone_converts_to_one_fairseq_loads(tmp_path):
         assert "optimizer" not in torch.load(tmp_path / f"{name}.convs2s.pt", weights_only=False)
         loaded = checkpoint_utils.load_checkpoint_to_cpu(str(tmp_path / f"{name}.convs2s.pt"))
         assert loaded["cfg"]["model"].arch == "convs2s"
+
+
+def test_an_empty_output_or_one_naming_a_missing_directory_is_refused_before_reading(tmp_path):
+    """``out/`` (a directory that does not exist) and ``""``: refused naming the path before the input is read. They
+    were read and converted, then refused as 'cannot write out/: Not a directory' and 'cannot write : No such file
+    or directory'; an existing directory's example path had a double slash."""
+    missing = tmp_path / "missing.pt"  # (never read: the output is refused first)
+    for out, message in [
+        (f"{tmp_path}/new/", r"new/ names a directory, and there is none: name the file to write in an existing one"),
+        ("", "no output file named: name the file to write"),
+        (f"{tmp_path}/", f"is a directory: name the file to write, e.g. {tmp_path}/model.pt$"),
+    ]:
+        with pytest.raises(ConversionError, match=message):
+            convert_file(str(missing), out)
