@@ -220,3 +220,15 @@ def test_an_empty_output_or_one_naming_a_missing_directory_is_refused_before_rea
     ]:
         with pytest.raises(ConversionError, match=message):
             convert_file(str(missing), out)
+
+
+def test_converting_a_converted_checkpoint_says_it_needs_none(tmp_path):
+    """The converter run on its own output (or on any convs2s checkpoint) says that file is ready to use; it said
+    'not an fconv translation model: its arch is 'convs2s' (expected one of ...)', as for another model."""
+    dictionary = make_dictionary(25)
+    fconv, args = train_fconv(dictionary, steps=1)
+    torch.save(fairseq_checkpoint(fconv, args), tmp_path / "fconv.pt")
+    convert_file(str(tmp_path / "fconv.pt"), str(tmp_path / "convs2s.pt"))
+    with pytest.raises(ConversionError, match="already a convs2s checkpoint .arch 'convs2s'.: use it as it is"):
+        convert_file(str(tmp_path / "convs2s.pt"), str(tmp_path / "again.pt"))
+    assert not (tmp_path / "again.pt").exists()

@@ -18,6 +18,7 @@ from typing import Dict
 
 import torch
 from fairseq.data import Dictionary
+from fairseq.models import ARCH_MODEL_REGISTRY
 from torch import Tensor
 
 from ..compat.broken_checkpoints import what_is_wrong
@@ -89,6 +90,8 @@ def convert_checkpoint(checkpoint: dict, model_class) -> dict:
     a ``model_class`` (``ConvS2SModel``) built from the converted args."""
     arch = checkpoint_arch(checkpoint)
     model_args, where = model_args_of(checkpoint)
+    if arch not in FCONV_ARCHS and ARCH_MODEL_REGISTRY.get(arch) is model_class:
+        raise ConversionError(f"already a convs2s checkpoint (arch {arch!r}): use it as it is, no conversion needed")
     if arch not in FCONV_ARCHS:
         raise ConversionError(f"not an fconv translation model: its arch is {arch!r} (expected one of {FCONV_ARCHS})")
     state = convert_state_dict(checkpoint["model"])
