@@ -198,11 +198,13 @@ def name_broken_checkpoints() -> None:
             try:
                 return trainer_load(self, filename, *args, **kwargs)
             except AssertionError as error:
-                mismatch = str(error).split(" vs ")
-                if not str(error).startswith(OTHER_OPTIMIZER) or len(mismatch) != 2:
+                # fairseq's assert, "Criterion does not match; please reset ... THEIRS vs OURS": the optimizer state
+                # saved for another criterion or optimizer is not loaded
+                message = str(error)
+                if not message.startswith(OTHER_OPTIMIZER) or message.count(" vs ") != 1:
                     raise
-                # fairseq's assert: the optimizer state saved for another criterion or optimizer is not loaded
-                what, theirs, ours = str(error).split(" ")[0].lower(), mismatch[0].rsplit(" ", 1)[-1], mismatch[1]
+                head, ours = message.split(" vs ")
+                what, theirs = message.split(" ", 1)[0].lower(), head.rsplit(" ", 1)[-1]
                 raise InputError(
                     f"{filename} holds the optimizer state of {what} {theirs}, and this command trains with {ours}: "
                     "add --reset-optimizer to train on from its weights alone (the update count and the learning "
