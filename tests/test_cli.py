@@ -7,6 +7,7 @@ with ``--user-dir`` pointing at this repository's plugin.
 
 import json
 import math
+import os
 import re
 import signal
 import subprocess
@@ -428,6 +429,43 @@ def test_mismatched_embed_dims_fail_with_the_plugins_message(corpus):
     alone = run_cli("train", proc.args[3:], cwd=corpus, env={"FAIRSEQ_CONVS2S_COMPAT_OFF": "quiet_exits"})
     assert "Traceback" in alone.stderr and line not in alone.stderr, tail(alone)
     assert "InputError: --encoder-embed-dim (32) and --decoder-embed-dim (256) must be equal" in alone.stderr
+
+
+# fairseq-train as its console script runs it, in a process that sees two GPUs, so that fairseq spawns two ranks
+# (--cpu: they train on the CPU, over gloo)
+PRETEND_TWO_GPUS = """
+import sys
+
+if __name__ == "__main__":  # (the spawned ranks import this file again)
+    import torch
+
+    torch.cuda.device_count = lambda: 2
+    from fairseq_cli.train import cli_main
+
+    sys.argv = ["fairseq-train", *sys.argv[1:]]
+    cli_main()
+"""
+
+
+def test_a_refusal_in_the_ranks_fairseq_train_spawns_ends_in_one_line(corpus, tmp_path):
+    """fairseq-train spawns one rank per GPU; a rank's refusal reached the command as torch's ProcessRaisedException,
+    a traceback around the rank's own."""
+    script = tmp_path / "fairseq_train_on_two_gpus.py"
+    script.write_text(PRETEND_TWO_GPUS)
+    flags = ["bin", "--user-dir", PLUGIN_DIR, "--arch", "convs2s_iwslt_de_en", "--encoder-embed-dim", "32", "--cpu"]
+    flags += ["--max-tokens", "1000", "--save-dir", tmp_path / "ckpt", "--distributed-world-size", "2"]
+    flags += ["--distributed-backend", "gloo", "--distributed-init-method"]
+    line = "fairseq-train: error: --encoder-embed-dim (32) and --decoder-embed-dim (256) must be equal"
+    for compat_off, rendezvous in (("", "ranks"), ("quiet_exits", "ranks_alone")):
+        cmd = [sys.executable, script, *flags, (tmp_path / rendezvous).as_uri()]
+        env = {**os.environ, "FAIRSEQ_CONVS2S_COMPAT_OFF": compat_off}
+        proc = subprocess.run(list(map(str, cmd)), cwd=corpus, capture_output=True, text=True, timeout=300, env=env)
+        assert proc.returncode == 1, tail(proc)
+        if compat_off:  # fairseq alone: the rank's traceback inside the launcher's
+            assert "ProcessRaisedException" in proc.stderr and line not in proc.stderr, tail(proc)
+        else:
+            assert "Traceback" not in proc.stderr and f"\n{line}" in proc.stderr, tail(proc)
+            assert proc.stderr.count("fairseq-train: error:") == 1, tail(proc)
 
 
 # ---- sources longer than the model's positions -----------------------------------------------------------------

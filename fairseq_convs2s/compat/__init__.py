@@ -124,8 +124,10 @@ FIXES: List[Fix] = [
         quiet_exits.end_tools_quietly,
         "the plugin's refusal of a flag or a file (InputError) ends fairseq-generate, -interactive, -validate and "
         "-train in a traceback; Ctrl-C in fairseq-interactive or fairseq-generate in a KeyboardInterrupt traceback, "
-        "and their output piped into a reader that stops early (| head) in a BrokenPipeError traceback",
-        "fairseq_cli.{interactive,generate,validate,train}.main (when that tool runs)",
+        "and their output piped into a reader that stops early (| head) in a BrokenPipeError traceback; a refusal in "
+        "a rank fairseq-train spawns (one per GPU) ends it in a ProcessRaisedException traceback around the rank's",
+        "fairseq_cli.{interactive,generate,validate,train}.main (when that tool runs); distributed_utils.call_main "
+        "(fairseq-train)",
     ),
     Fix(
         "empty_splits",

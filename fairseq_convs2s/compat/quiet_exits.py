@@ -7,8 +7,10 @@ Installed when the plugin is loaded by one of these tools (``--user-dir``), whos
 replaces that module's ``main``, which its ``cli_main`` calls once the flags (and so the plugin) are read. A refusal
 prints ``fairseq-generate: error: MESSAGE`` and exits with status 1; Ctrl-C exits with 130 and the line
 ``fairseq-interactive: interrupted``; a closed pipe exits with 141, as a tool ended by SIGPIPE would, and prints
-nothing. Errors that are not the plugin's refusals keep fairseq's traceback, and so does everything in the ranks
-that ``--distributed-world-size`` spawns (they run fairseq's own ``main``).
+nothing. Errors that are not the plugin's refusals keep fairseq's traceback. The ranks that fairseq-train spawns
+(``--distributed-world-size N``, one per GPU) run fairseq's own ``main``, and torch's spawn hands a failed rank's
+traceback to the launching process as text: there the fix wraps ``distributed_utils.call_main``, and a rank's
+refusal, read from that text, ends the launcher in the same one line.
 """
 
 import os
@@ -17,7 +19,7 @@ from typing import List
 
 from fairseq_convs2s_autoload import is_replaced, replace
 
-from ..errors import InputError
+from ..errors import InputError, refusal_in
 
 # fairseq's tools whose main is replaced, and whether they also end quietly on Ctrl-C and a closed pipe (the decoding
 # tools; training and validation keep fairseq's own ways to stop)
@@ -49,6 +51,16 @@ def end_tools_quietly() -> None:
         for module in loaded_tool_modules(name, "main", "cli_main"):
             if not is_replaced(module.main, "quiet_exits"):
                 replace(module, "main", _ending_quietly(module.main, tool, decoding), "quiet_exits")
+            if tool == "fairseq-train":
+                from fairseq.distributed import utils as distributed_utils
+
+                if not is_replaced(distributed_utils.call_main, "quiet_exits"):
+                    replace(
+                        distributed_utils,
+                        "call_main",
+                        _ranks_ending_quietly(distributed_utils.call_main, tool),
+                        "quiet_exits",
+                    )
 
 
 def _ending_quietly(main, tool: str, decoding: bool):
@@ -68,5 +80,21 @@ def _ending_quietly(main, tool: str, decoding: bool):
                 raise
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # (the exit's own flush has nowhere to go)
             raise SystemExit(141) from None
+
+    return wrapper
+
+
+def _ranks_ending_quietly(call_main, tool: str):
+    def wrapper(cfg, main, **kwargs):
+        import torch.multiprocessing
+
+        try:
+            return call_main(cfg, main, **kwargs)
+        except torch.multiprocessing.ProcessRaisedException as e:  # a spawned rank's error, as its traceback's text
+            refusal = refusal_in(str(e))
+            if refusal is None:
+                raise
+            print(f"{tool}: error: {refusal}", file=sys.stderr)
+            raise SystemExit(1) from None
 
     return wrapper
