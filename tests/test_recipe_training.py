@@ -39,6 +39,13 @@ def test_budgets_become_the_budget_schedule_and_fairseqs_stopping_flags():
     assert "--lr-shrink" not in training.optimization_flags(update_budget=10)  # budget takes no plateau flags
 
 
+def test_under_a_budget_the_recipes_epoch_limit_gives_way_to_no_limit():
+    """Multi30k's --max-epoch 40 (for the plateau rule) stood in the budget's command before its --max-epoch 0."""
+    flags = ["--lr", "0.25", "--max-epoch", "40", "--dropout", "0.2", "--max-epoch=30"]
+    assert training.recipe_flags(flags, budget=True) == ["--lr", "0.25", "--dropout", "0.2"]
+    assert training.recipe_flags(flags, budget=False) == flags
+
+
 @pytest.mark.parametrize("text", ["0", "-5", "nan", "inf"])
 def test_a_budget_must_be_positive(text):
     with pytest.raises(argparse.ArgumentTypeError):

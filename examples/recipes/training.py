@@ -32,6 +32,23 @@ def optimization_flags(time_budget: Optional[float] = None, update_budget: Optio
     return flags
 
 
+def recipe_flags(flags: Sequence[str], budget: bool) -> List[str]:
+    """A recipe's own training flags (``Recipe.train_flags``); under a budget without their epoch limit, which the
+    budget's ``--max-epoch 0`` replaces, so that the command it prints holds one."""
+    if not budget:
+        return list(flags)
+    kept: List[str] = []
+    skip = False
+    for flag in flags:
+        if skip:
+            skip = False
+        elif flag == "--max-epoch":
+            skip = True
+        elif not flag.startswith("--max-epoch="):
+            kept.append(flag)
+    return kept
+
+
 def length_note(time_budget: Optional[float], update_budget: Optional[int], recipe_default: Optional[int]) -> str:
     """One line saying how long training runs: ``update_budget`` is the one in force (None or 0: none)."""
     annealed = "the rate annealed to 0 at the end (--lr-scheduler budget)"
