@@ -6,6 +6,7 @@ import shlex
 import signal
 import subprocess
 import sys
+import threading
 from pathlib import Path
 from typing import Iterator, List, Optional, Sequence
 
@@ -59,18 +60,48 @@ def failure(cmd: Sequence[str], returncode: int, log: Optional[Path]) -> Command
     )
 
 
+class Stopped(KeyboardInterrupt):
+    """SIGTERM (``kill``, a job scheduler) or SIGHUP (the terminal closed) sent to the driver, raised where it is, as
+    an interrupt is: the command running is stopped with it (training saves where it is) before the driver exits.
+    By default either signal ended the driver at once, and its training went on unseen beside the rerun."""
+
+    def __init__(self, signum: int):
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
+
+
+def _raise_stopped(signum, frame) -> None:
+    for signum_ in STOP_SIGNALS:  # once: a second signal must not cut short the wait for the command to save
+        signal.signal(signum_, signal.SIG_IGN)
+    raise Stopped(signum)
+
+
 @contextlib.contextmanager
 def errors_in_one_line(prog: str) -> Iterator[None]:
     """Ends a driver's run on a corpus it cannot use or a command that failed with one line, ``PROG: error:
     ...`` (exit 1; what went wrong was printed above it), and on an interrupt with one line saying how to go on
-    (exit 130), not a traceback."""
+    (exit 130; 128 + the signal for SIGTERM or SIGHUP, handled as an interrupt), not a traceback. A signal ignored
+    when the driver started (SIGHUP under ``nohup``) stays ignored, in the driver and in the commands it starts."""
+    in_main = threading.current_thread() is threading.main_thread()  # (signal handlers: the main thread's only)
+    handled = [signum for signum in STOP_SIGNALS if in_main and signal.getsignal(signum) is not signal.SIG_IGN]
+    previous = {signum: signal.signal(signum, _raise_stopped) for signum in handled}
     try:
         yield
     except (text.DataError, CommandFailed, SettingsChanged) as e:
         sys.exit(f"{prog}: error: {e}")
-    except KeyboardInterrupt:
-        print(f"\n{prog}: interrupted; run the same command again to go on from here", file=sys.stderr)
-        sys.exit(130)
+    except KeyboardInterrupt as e:
+        how = f"stopped by {e}" if isinstance(e, Stopped) else "interrupted"
+        try:
+            print(f"\n{prog}: {how}; run the same command again to go on from here", file=sys.stderr)
+        except OSError:  # (the terminal is gone: SIGHUP)
+            pass
+        sys.exit(128 + e.signum if isinstance(e, Stopped) else 130)
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
 
 
 def run(cmd: Sequence, log: Optional[Path] = None, append: bool = False, quiet: Sequence[str] = ()) -> None:
@@ -85,19 +116,24 @@ def run(cmd: Sequence, log: Optional[Path] = None, append: bool = False, quiet: 
         return
     with open(log, "a" if append else "w", encoding="utf-8") as out:
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1)
+        console = [sys.stdout]
 
         def copy_output() -> None:
             for line in proc.stdout:
-                if not line.startswith(tuple(quiet)):
-                    sys.stdout.write(line)
                 out.write(line)
+                if console and not line.startswith(tuple(quiet)):
+                    try:
+                        console[0].write(line)
+                    except OSError:  # the terminal is gone (closed: SIGHUP): the log keeps the rest
+                        console.clear()
 
         try:
             copy_output()
         except BaseException:
-            # a Ctrl-C in the terminal reached the child too; an interrupt sent to this process alone did not,
-            # and the child would go on training, unseen, beside the rerun. Training saves where it is and stops
-            # (python -m fairseq_convs2s.train, on SIGINT or SIGTERM): its last lines say what it saved
+            # a Ctrl-C in the terminal reached the child too; an interrupt, SIGTERM or SIGHUP sent to this process
+            # alone did not, and the child would go on training, unseen, beside the rerun. Training saves where it
+            # is and stops (python -m fairseq_convs2s.train, on SIGINT, SIGTERM or SIGHUP): its last lines say what
+            # it saved
             proc.terminate()
             copy_output()
             proc.wait()

@@ -1,0 +1,124 @@
+"""A recipe's driver stopped by a signal other than Ctrl-C while one of its commands runs: the command must stop
+with it (training saves where it is), not go on unseen beside the rerun. A stand-in driver runs a stand-in
+command through ``recipes.commands``, as the recipes run fairseq-train."""
+
+import io
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from cli_helpers import REPO_ROOT
+
+sys.path.insert(0, str(REPO_ROOT / "examples"))
+
+from recipes import commands  # noqa: E402
+
+# a stand-in for python -m fairseq_convs2s.train: on SIGINT, SIGTERM or SIGHUP it "saves" and exits 130
+COMMAND = """
+import os, signal, sys, time
+def stop(signum, frame):
+    print("saved on", signal.Signals(signum).name, flush=True)
+    sys.exit(130)
+for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+    signal.signal(signum, stop)
+print("pid", os.getpid(), flush=True)
+while True:
+    time.sleep(1)
+"""
+DRIVER = """
+import sys
+sys.path.insert(0, {examples!r})
+from recipes import commands
+with commands.errors_in_one_line("t.py"):
+    commands.run([sys.executable, "-c", {command!r}], log={log!r})
+"""
+
+
+def start_driver(log: Path) -> subprocess.Popen:
+    """The stand-in driver, in a session of its own (a terminal's process group); returns once its command runs."""
+    code = DRIVER.format(examples=str(REPO_ROOT / "examples"), command=COMMAND, log=str(log))
+    driver = subprocess.Popen(
+        [sys.executable, "-u", "-c", code],  # (unbuffered: the command's lines reach this test as it prints them)
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    for line in driver.stdout:  # (after the "$ command" lines, the command's first: its handlers are set)
+        if line.startswith("pid "):
+            driver.command_pid = int(line.split()[1])
+            return driver
+    driver.kill()
+    raise AssertionError(f"the driver ended before its command ran: {driver.communicate()[1]}")
+
+
+def gone(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    return False
+
+
+@pytest.mark.parametrize("to_group", [False, True], ids=["SIGTERM to the driver", "SIGHUP to the terminal's group"])
+def test_a_driver_stopped_by_a_signal_stops_its_command_first(to_group, tmp_path):
+    """``kill PID`` (SIGTERM) of the driver ended it at once and its training went on, unseen and no longer logged,
+    beside the rerun; a closed terminal (SIGHUP to the group) ended the driver before the training's last lines
+    (what it saved) reached train.log. Now either is handled as an interrupt: the command stops first, its output
+    is all in the log, and the driver exits in one line with 128 + the signal."""
+    log = tmp_path / "train.log"
+    driver = start_driver(log)
+    try:
+        if to_group:
+            os.killpg(driver.pid, signal.SIGHUP)
+        else:
+            driver.send_signal(signal.SIGTERM)
+        _, err = driver.communicate(timeout=120)
+        name, code = ("SIGHUP", 129) if to_group else ("SIGTERM", 143)
+        assert driver.returncode == code, err
+        assert err.splitlines()[-1] == f"t.py: stopped by {name}; run the same command again to go on from here", err
+        assert "Traceback" not in err
+        assert gone(driver.command_pid)  # stopped and reaped before the driver exited
+        assert log.read_text().splitlines()[-1].startswith("saved on SIG")  # its last line kept
+    finally:
+        if not gone(driver.command_pid):
+            os.kill(driver.command_pid, signal.SIGKILL)
+        if driver.poll() is None:
+            driver.kill()
+
+
+def test_a_hangup_ignored_by_nohup_stays_ignored(tmp_path):
+    """Under ``nohup`` (SIGHUP ignored) a closed terminal must stop neither the driver nor its training."""
+    reports = "import signal; print(signal.getsignal(signal.SIGHUP) is signal.SIG_IGN)"
+    before = signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    try:
+        with commands.errors_in_one_line("t.py"):
+            assert signal.getsignal(signal.SIGHUP) is signal.SIG_IGN
+            assert signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL  # (SIGTERM is handled)
+            commands.run([sys.executable, "-c", reports], log=tmp_path / "log")
+        assert (tmp_path / "log").read_text() == "True\n"  # (the command inherits it)
+        assert signal.getsignal(signal.SIGHUP) is signal.SIG_IGN
+    finally:
+        signal.signal(signal.SIGHUP, before)
+
+
+def test_a_console_that_is_gone_leaves_the_log_whole(tmp_path, monkeypatch):
+    """A console write that fails (a terminal closed) ended the recipe's command with a traceback, and the log
+    lost the rest of its output; now the log keeps every line and the command runs to its end."""
+    printing = "for i in range(5): print('line', i, flush=True)"
+
+    class ClosedTerminal(io.StringIO):
+        def write(self, text):
+            if text.startswith("line 1"):
+                raise OSError(5, "Input/output error")
+            return super().write(text)
+
+    console = ClosedTerminal()
+    monkeypatch.setattr(sys, "stdout", console)
+    log = tmp_path / "log"
+    commands.run([sys.executable, "-c", printing], log=log)
+    assert log.read_text().splitlines() == [f"line {i}" for i in range(5)]
+    assert console.getvalue().endswith("line 0\n")  # (the console only until it failed)
