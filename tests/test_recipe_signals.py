@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -16,10 +17,13 @@ sys.path.insert(0, str(REPO_ROOT / "examples"))
 
 from recipes import commands  # noqa: E402
 
-# a stand-in for python -m fairseq_convs2s.train: on SIGINT, SIGTERM or SIGHUP it "saves" and exits 130
+# a stand-in for python -m fairseq_convs2s.train: on SIGINT, SIGTERM or SIGHUP it "saves" (into the file named by
+# its argument too) and exits 130
 COMMAND = """
 import os, signal, sys, time
 def stop(signum, frame):
+    with open(sys.argv[1], "w") as saved:  # (first: after a driver's death its output goes nowhere)
+        saved.write(signal.Signals(signum).name)
     print("saved on", signal.Signals(signum).name, flush=True)
     sys.exit(130)
 for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
@@ -33,13 +37,16 @@ import sys
 sys.path.insert(0, {examples!r})
 from recipes import commands
 with commands.errors_in_one_line("t.py"):
-    commands.run([sys.executable, "-c", {command!r}], log={log!r})
+    commands.run([sys.executable, "-c", {command!r}, {saved!r}], log={log!r})
 """
 
 
 def start_driver(log: Path) -> subprocess.Popen:
-    """The stand-in driver, in a session of its own (a terminal's process group); returns once its command runs."""
-    code = DRIVER.format(examples=str(REPO_ROOT / "examples"), command=COMMAND, log=str(log))
+    """The stand-in driver, in a session of its own (a terminal's process group); returns once its command runs.
+    The command writes ``saved`` beside ``log`` when it stops."""
+    code = DRIVER.format(
+        examples=str(REPO_ROOT / "examples"), command=COMMAND, saved=str(log.parent / "saved"), log=str(log)
+    )
     driver = subprocess.Popen(
         [sys.executable, "-u", "-c", code],  # (unbuffered: the command's lines reach this test as it prints them)
         stdout=subprocess.PIPE,
@@ -122,3 +129,22 @@ def test_a_console_that_is_gone_leaves_the_log_whole(tmp_path, monkeypatch):
     commands.run([sys.executable, "-c", printing], log=log)
     assert log.read_text().splitlines() == [f"line {i}" for i in range(5)]
     assert console.getvalue().endswith("line 0\n")  # (the console only until it failed)
+
+
+def test_a_driver_killed_outright_stops_its_command(tmp_path):
+    """``kill -9`` of the driver (or the kernel's OOM killer), which no handler sees, left its training running,
+    unseen and unlogged, to be resumed a second time by the rerun beside it. Now the command is sent SIGTERM when
+    the driver dies: training saves where it is and stops."""
+    driver = start_driver(tmp_path / "train.log")
+    saved = tmp_path / "saved"
+    try:
+        driver.kill()
+        driver.wait(timeout=60)
+        for _ in range(600):  # (an event to wait for, up to a minute: the command's handler writes the file)
+            if saved.exists() and saved.read_text():
+                break
+            time.sleep(0.1)
+        assert saved.read_text() == "SIGTERM"
+    finally:
+        if not gone(driver.command_pid):
+            os.kill(driver.command_pid, signal.SIGKILL)

@@ -21,7 +21,7 @@ USER_DIR = HERE.parent.parent / "fairseq_convs2s"
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent))
 
-from recipes.commands import errors_in_one_line, failure, fairseq, stage  # noqa: E402
+from recipes.commands import child_options, errors_in_one_line, failure, fairseq, stage  # noqa: E402
 from recipes.pipeline import count, out_dir  # noqa: E402
 from recipes.settings import RunSettings, folders  # noqa: E402
 from toy_corpus import make_corpus  # noqa: E402
@@ -38,7 +38,7 @@ def run(cmd, **kwargs):
     """Run a command; :class:`recipes.commands.CommandFailed` when it fails, after any output it captured."""
     cmd = [str(c) for c in cmd]
     print("$ " + " ".join(cmd), flush=True)
-    result = subprocess.run(cmd, **kwargs)
+    result = subprocess.run(cmd, **kwargs, **child_options())  # (it stops when this script dies)
     if result.returncode != 0:
         if kwargs.get("capture_output"):  # its own words say why
             sys.stderr.write(result.stdout[-3000:] + result.stderr[-3000:])

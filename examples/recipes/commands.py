@@ -2,13 +2,15 @@
 interrupted command as one line (``run.py: error: ...``, exit 1; 130 on an interrupt), not a traceback."""
 
 import contextlib
+import ctypes
+import os
 import shlex
 import signal
 import subprocess
 import sys
 import threading
 from pathlib import Path
-from typing import Iterator, List, Optional, Sequence
+from typing import Callable, Dict, Iterator, List, Optional, Sequence
 
 from recipes import text
 from recipes.settings import SettingsChanged
@@ -104,18 +106,49 @@ def errors_in_one_line(prog: str) -> Iterator[None]:
             signal.signal(signum, handler)
 
 
+PR_SET_PDEATHSIG = 1  # (linux/prctl.h)
+
+
+def _stop_with_the_driver() -> Optional[Callable[[], None]]:
+    """Where the kernel offers it (Linux), a ``preexec_fn`` that has a command sent SIGTERM when the driver dies,
+    even by SIGKILL, which the driver cannot handle: training saves where it is and stops instead of going on,
+    unseen, beside the rerun."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+    driver, sigterm = os.getpid(), int(signal.SIGTERM)
+
+    def hook() -> None:
+        prctl(PR_SET_PDEATHSIG, sigterm)
+        if os.getppid() != driver:  # the driver died before the request: it will never be sent
+            os._exit(128 + sigterm)
+
+    return hook
+
+
+def child_options() -> Dict[str, Callable[[], None]]:
+    """``subprocess`` options for a stage's command: it stops when the driver dies (:func:`_stop_with_the_driver`)."""
+    hook = _stop_with_the_driver()
+    return {} if hook is None else {"preexec_fn": hook}
+
+
 def run(cmd: Sequence, log: Optional[Path] = None, append: bool = False, quiet: Sequence[str] = ()) -> None:
     """Run a command; :class:`CommandFailed` when it fails. Its output goes to the console and, when given, all of
     it into ``log`` (the lines starting with one of ``quiet`` into ``log`` only)."""
     cmd = [str(c) for c in cmd]
     print("$ " + shlex.join(cmd), flush=True)
     if log is None:
-        returncode = subprocess.run(cmd).returncode  # on an exception (Ctrl-C) subprocess.run kills the child
+        returncode = subprocess.run(cmd, **child_options()).returncode  # (an interrupt kills the child)
         if returncode != 0:
             raise failure(cmd, returncode, None)
         return
     with open(log, "a" if append else "w", encoding="utf-8") as out:
-        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1)
+        proc = subprocess.Popen(
+            cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1, **child_options()
+        )
         console = [sys.stdout]
 
         def copy_output() -> None:

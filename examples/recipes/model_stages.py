@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Sequence
 
 from recipes import final_model, scoring, text, training
-from recipes.commands import USER_DIR, device_flags, failure, fairseq, run, stage, train_command
+from recipes.commands import USER_DIR, child_options, device_flags, failure, fairseq, run, stage, train_command
 from recipes.settings import folders, outputs, remove
 
 if TYPE_CHECKING:
@@ -190,7 +190,7 @@ def average_and_choose(args, ckpt: Path, bin_dir: Path, src: str, tgt: str) -> P
             "--skip-invalid-size-inputs-valid-test", "--model-overrides", repr({"data": str(bin_dir)}), *device_flags(),
         ]  # fmt: skip
         print("$ " + shlex.join(str(c) for c in cmd), flush=True)
-        result = subprocess.run([str(c) for c in cmd], capture_output=True, text=True)
+        result = subprocess.run([str(c) for c in cmd], capture_output=True, text=True, **child_options())
         if result.returncode != 0:  # its own words say why, then the one line that names the command
             sys.stderr.write(result.stdout[-3000:] + result.stderr[-3000:])
             raise failure(cmd, result.returncode, None)
