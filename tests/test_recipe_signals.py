@@ -4,18 +4,20 @@ command through ``recipes.commands``, as the recipes run fairseq-train."""
 
 import io
 import os
+import re
 import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Optional
 
 import pytest
 from cli_helpers import REPO_ROOT
 
 sys.path.insert(0, str(REPO_ROOT / "examples"))
 
-from recipes import commands  # noqa: E402
+from recipes import commands, pipeline  # noqa: E402
 
 # a stand-in for python -m fairseq_convs2s.train: on SIGINT, SIGTERM or SIGHUP it "saves" (into the file named by
 # its argument too) and exits 130
@@ -33,19 +35,20 @@ while True:
     time.sleep(1)
 """
 DRIVER = """
-import sys
+import contextlib, pathlib, sys
 sys.path.insert(0, {examples!r})
 from recipes import commands
-with commands.errors_in_one_line("t.py"):
+with commands.errors_in_one_line("t.py"), {lock}:
     commands.run([sys.executable, "-c", {command!r}, {saved!r}], log={log!r})
 """
 
 
-def start_driver(log: Path) -> subprocess.Popen:
-    """The stand-in driver, in a session of its own (a terminal's process group); returns once its command runs.
-    The command writes ``saved`` beside ``log`` when it stops."""
+def start_driver(log: Path, out: Optional[Path] = None) -> subprocess.Popen:
+    """The stand-in driver, in a session of its own (a terminal's process group), holding the lock on ``out`` when
+    given; returns once its command runs. The command writes ``saved`` beside ``log`` when it stops."""
+    lock = f"commands.alone_in(pathlib.Path({str(out)!r}))" if out else "contextlib.nullcontext()"
     code = DRIVER.format(
-        examples=str(REPO_ROOT / "examples"), command=COMMAND, saved=str(log.parent / "saved"), log=str(log)
+        examples=str(REPO_ROOT / "examples"), lock=lock, command=COMMAND, saved=str(log.parent / "saved"), log=str(log)
     )
     driver = subprocess.Popen(
         [sys.executable, "-u", "-c", code],  # (unbuffered: the command's lines reach this test as it prints them)
@@ -148,3 +151,42 @@ def test_a_driver_killed_outright_stops_its_command(tmp_path):
     finally:
         if not gone(driver.command_pid):
             os.kill(driver.command_pid, signal.SIGKILL)
+
+
+def test_a_second_command_into_the_same_out_is_refused_while_the_first_runs(tmp_path, monkeypatch):
+    """A rerun started while the first command still ran (in another terminal, or beside a training its killed
+    driver left behind) resumed the same checkpoints a second time, both writing the same files. Now it stops in
+    one line naming what runs there and how to stop it; once that has ended, the out is free."""
+    out = tmp_path / "out"
+    driver = start_driver(tmp_path / "train.log", out)
+    try:
+        monkeypatch.setattr(sys, "argv", ["run.py"])
+        recipe = pipeline.Recipe(name="t", langs=("en", "de"), raw_prefixes={"train": "train"})
+        with pytest.raises(SystemExit) as ended:
+            pipeline.main(recipe, "doc", ["--out", str(out), "--raw-dir", str(tmp_path / "nowhere")])
+        holders = rf"-c \(pid {driver.pid}\), python[\d.]* \(pid {driver.command_pid}\)"
+        expected = rf"run.py: error: {out} is in use by {holders}, of another command into the same --out: wait "
+        assert re.fullmatch(expected + rf".*\(kill -INT {driver.pid}; .*", str(ended.value.code)), ended.value.code
+        assert sorted(path.name for path in out.iterdir()) == ["run.lock"]  # nothing else made
+    finally:
+        driver.send_signal(signal.SIGTERM)
+        driver.wait(timeout=120)
+        if not gone(driver.command_pid):
+            os.kill(driver.command_pid, signal.SIGKILL)
+    with commands.alone_in(out):
+        assert (out / "run.lock").read_text().startswith(f"{os.getpid()} ")
+
+
+def test_a_command_started_under_the_lock_holds_it_after_the_driver(tmp_path):
+    """The lock passes to each command the driver starts: a training that outlives its driver keeps the out."""
+    with commands.alone_in(tmp_path):
+        sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"], **commands.child_options())
+    try:
+        with pytest.raises(commands.InUse, match=r" is in use by "):
+            with commands.alone_in(tmp_path):
+                pass
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+    with commands.alone_in(tmp_path):
+        pass

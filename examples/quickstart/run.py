@@ -21,7 +21,7 @@ USER_DIR = HERE.parent.parent / "fairseq_convs2s"
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent))
 
-from recipes.commands import child_options, errors_in_one_line, failure, fairseq, stage  # noqa: E402
+from recipes.commands import alone_in, child_options, errors_in_one_line, failure, fairseq, stage  # noqa: E402
 from recipes.pipeline import count, out_dir  # noqa: E402
 from recipes.settings import RunSettings, folders  # noqa: E402
 from toy_corpus import make_corpus  # noqa: E402
@@ -52,7 +52,7 @@ def main():
     parser.add_argument("--max-epoch", type=count, default=5)
     parser.add_argument("--vocab-size", type=count, default=120)
     args = parser.parse_args()
-    with errors_in_one_line(parser.prog):
+    with errors_in_one_line(parser.prog), alone_in(args.out.resolve()):  # (one command at a time in an --out)
         run_stages(args)
 
 

@@ -62,6 +62,72 @@ def failure(cmd: Sequence[str], returncode: int, log: Optional[Path]) -> Command
     )
 
 
+class InUse(Exception):
+    """Another command is running in the same ``--out``: the two would write the same files, resume the same
+    checkpoints twice, and record each other's settings."""
+
+
+LOCK = "run.lock"
+_locks: List[int] = []  # the descriptor of OUT/run.lock while this command holds it, open in each command it starts
+
+
+@contextlib.contextmanager
+def alone_in(out: Path) -> Iterator[None]:
+    """This command alone in ``out``: an exclusive lock on ``OUT/run.lock``, held by the driver and by every command
+    it starts (:func:`child_options`), so that a training the driver left behind holds it too; :class:`InUse`,
+    naming who holds it, when another command does. (Where there is no ``fcntl``, no lock.)"""
+    try:
+        import fcntl
+    except ImportError:
+        yield
+        return
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / LOCK
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        raise InUse(_holders(path)) from None
+    except OSError:  # a file system without locks: run unlocked, as before
+        os.close(fd)
+        yield
+        return
+    os.ftruncate(fd, 0)
+    os.write(fd, f"{os.getpid()} {Path(sys.argv[0]).name}\n".encode())  # (and each command started: run())
+    _locks.append(fd)
+    try:
+        yield
+    finally:
+        _locks.remove(fd)
+        os.close(fd)
+
+
+def _holders(path: Path) -> str:
+    """The message for a lock another command holds: its processes still running (driver, then commands)."""
+    running = []
+    for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
+        pid, _, name = line.partition(" ")
+        if pid.isdigit() and _alive(int(pid)):
+            running.append((pid, name))
+    who = ", ".join(f"{name} (pid {pid})" for pid, name in running) or "another command"
+    stop = f"kill -INT {running[0][0]}" if running else "Ctrl-C"
+    return (
+        f"{path.parent} is in use by {who}, of another command into the same --out: wait for it to end, or stop it "
+        f"({stop}; a training saves where it is), then run this command again"
+    )
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # (another user's)
+        return True
+    return True
+
+
 class Stopped(KeyboardInterrupt):
     """SIGTERM (``kill``, a job scheduler) or SIGHUP (the terminal closed) sent to the driver, raised where it is, as
     an interrupt is: the command running is stopped with it (training saves where it is) before the driver exits.
@@ -92,7 +158,7 @@ def errors_in_one_line(prog: str) -> Iterator[None]:
     previous = {signum: signal.signal(signum, _raise_stopped) for signum in handled}
     try:
         yield
-    except (text.DataError, CommandFailed, SettingsChanged) as e:
+    except (text.DataError, CommandFailed, SettingsChanged, InUse) as e:
         sys.exit(f"{prog}: error: {e}")
     except KeyboardInterrupt as e:
         how = f"stopped by {e}" if isinstance(e, Stopped) else "interrupted"
@@ -129,10 +195,11 @@ def _stop_with_the_driver() -> Optional[Callable[[], None]]:
     return hook
 
 
-def child_options() -> Dict[str, Callable[[], None]]:
-    """``subprocess`` options for a stage's command: it stops when the driver dies (:func:`_stop_with_the_driver`)."""
+def child_options() -> Dict[str, object]:
+    """``subprocess`` options for a stage's command: it stops when the driver dies (:func:`_stop_with_the_driver`),
+    and holds the driver's lock on OUT while it runs (:func:`alone_in`)."""
     hook = _stop_with_the_driver()
-    return {} if hook is None else {"preexec_fn": hook}
+    return {"pass_fds": tuple(_locks), **({} if hook is None else {"preexec_fn": hook})}
 
 
 def run(cmd: Sequence, log: Optional[Path] = None, append: bool = False, quiet: Sequence[str] = ()) -> None:
@@ -149,6 +216,8 @@ def run(cmd: Sequence, log: Optional[Path] = None, append: bool = False, quiet: 
         proc = subprocess.Popen(
             cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1, **child_options()
         )
+        for fd in _locks:  # (a command that outlives this driver is named to the next one)
+            os.write(fd, f"{proc.pid} {command_name(cmd)}\n".encode())
         console = [sys.stdout]
 
         def copy_output() -> None:

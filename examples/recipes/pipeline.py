@@ -33,7 +33,7 @@ from typing import Callable, Dict, List, Optional, Sequence
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from recipes import training  # noqa: E402
-from recipes.commands import errors_in_one_line  # noqa: E402
+from recipes.commands import alone_in, errors_in_one_line  # noqa: E402
 from recipes.data_stages import (  # noqa: E402
     data_stage,
     extra_test_set_stage,
@@ -245,7 +245,7 @@ class RecipeCommand:
         self.eval_sets: List[EvalSet] = [EvalSet("test"), *extra]
         self.train_args = shlex.split(self.args.train_args)
         self.arch = training.given_value(self.train_args, "--arch") or self.recipe.arch  # --train-args win
-        self.settings = RunSettings(self.out)
+        self.settings = RunSettings(self.out)  # (read again by run_stages once it holds OUT's lock)
         self.made_with = stage_settings(self.args, self.src, self.tgt, self.arch)
         self.timings: Dict[str, float] = {}
 
@@ -260,8 +260,16 @@ class RecipeCommand:
 
 
 def run_stages(recipe: Recipe, args: argparse.Namespace, src: str, tgt: str) -> None:
-    """The seven stages, each skipped when its output is there."""
+    """The seven stages, each skipped when its output is there; one command at a time in an --out."""
     r = RecipeCommand(recipe, args, src, tgt)
+    with alone_in(r.out):
+        r.settings = RunSettings(r.out)  # (as the last command into it left them)
+        _run_stages(r)
+
+
+def _run_stages(r: RecipeCommand) -> None:
+    """The stages, in order, of a command that holds its --out."""
+    recipe = r.recipe
     refuse_data_of_another_command(r)
     data_stage(r)
     sentencepiece_stage(r)
