@@ -246,3 +246,90 @@ def test_gigaword_duc_flags_it_cannot_use_stop_before_any_stage(given, said, tmp
         gigaword.main(gigaword.RECIPE, "doc", ["--out", "out", "--raw-dir", "nowhere", *given])
     assert ended.value.code.split(": error: ", 1)[1] == said
     assert "== 1/7" not in capsys.readouterr().out and not (tmp_path / "out").exists()
+
+
+def _tar(path, files):
+    """An archive of ``files`` ({name inside: bytes}), gzipped unless its name ends in .tar."""
+    import io
+    import tarfile
+
+    with tarfile.open(path, "w" if path.name.endswith(".tar") else "w:gz") as tar:
+        for name, data in files.items():
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+
+
+EN_FR_CORPORA = {  # archive: the corpus inside it (the recipe's names, as statmt.org ships them)
+    "training-parallel-europarl-v7.tgz": "training/europarl-v7.fr-en",
+    "training-parallel-commoncrawl.tgz": "commoncrawl.fr-en",
+    "training-parallel-un.tgz": "un/undoc.2000.fr-en",
+    "training-parallel-nc-v9.tgz": "training/news-commentary-v9.fr-en",
+    "training-giga-fren.tar": "giga-fren.release2.fixed",  # as .gz files inside the .tar
+}
+
+
+def _en_fr_download(mirror, with_reference=True):
+    """The En-Fr recipe's download function, and its six archives in ``mirror`` (1,400 pairs in all, 3 test pairs
+    as .sgm in test-full/)."""
+    spec = importlib.util.spec_from_file_location("wmt14_en_fr_run", REPO_ROOT / "examples" / "wmt14_en_fr" / "run.py")
+    recipe = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(recipe)
+    mirror.mkdir()
+    for k, (archive, stem) in enumerate(EN_FR_CORPORA.items()):
+        files = {
+            f"{stem}.{lang}": "".join(f"{lang} {i}\n" for i in range(k * 280, (k + 1) * 280)).encode()
+            for lang in ("en", "fr")
+        }
+        if archive.endswith(".tar"):
+            files = {name + ".gz": gzip.compress(data) for name, data in files.items()}
+        _tar(mirror / archive, files)
+    test = {
+        f"test-full/newstest2014-fren-{kind}.{lang}.sgm": "".join(
+            f'<seg id="{i}">{lang} test {i}</seg>\n' for i in range(3)
+        ).encode()
+        for kind, lang in (("src", "en"), ("ref", "fr"))
+        if with_reference or lang == "en"
+    }
+    _tar(mirror / "test-full.tgz", test)
+    return recipe.download
+
+
+def test_the_en_fr_download_writes_its_test_set_whole_or_not_at_all(tmp_path, monkeypatch):
+    """The En-Fr download path on local archives (--mirror file://): the five corpora in order, giga-fren read as
+    the .gz files its .tar holds, every 1,333rd pair held out, newstest2014 from test-full/'s .sgm files. An
+    interrupt while it wrote the test set left a test.fr cut short under its final name, which marks the download
+    done: the rerun took it, and stopped at the data stage on test.en and test.fr of different lengths."""
+    from recipes import download as download_module
+
+    download = _en_fr_download(tmp_path / "mirror")
+    segments = download_module.sgm_segments
+
+    def cut_short(path):
+        for n, segment in enumerate(segments(path)):
+            if n == 2 and path.name.endswith(".fr.sgm"):
+                raise KeyboardInterrupt
+            yield segment
+
+    monkeypatch.setattr(download_module, "sgm_segments", cut_short)
+    with pytest.raises(KeyboardInterrupt):
+        download(tmp_path / "download", (tmp_path / "mirror").as_uri())
+    monkeypatch.setattr(download_module, "sgm_segments", segments)
+    prepared = download(tmp_path / "download", (tmp_path / "mirror").as_uri())
+    assert (prepared / "test.fr").read_text() == "fr test 0\nfr test 1\nfr test 2\n"
+    assert (prepared / "valid.en").read_text() == "en 1332\n"  # (the 1,333rd pair, from giga-fren's .gz)
+    assert (prepared / "train.fr").read_text().splitlines()[-1] == "fr 1399"
+    assert len((prepared / "train.en").read_text().splitlines()) == 1399
+
+
+def test_an_en_fr_test_set_missing_from_its_archive_is_named(tmp_path):
+    """A test-full.tgz without newstest2014's reference ended, after every corpus was split, in a
+    FileNotFoundError traceback."""
+    download = _en_fr_download(tmp_path / "mirror", with_reference=False)
+    reported = _reported(lambda: download(tmp_path / "download", (tmp_path / "mirror").as_uri()))
+    missing = tmp_path / "download" / "orig" / "test-full" / "newstest2014-fren-ref.fr.sgm"
+    assert (
+        reported
+        == f"run.py: error: {missing} not found: no archive held it; put it there and run again, or give --raw-dir"
+    )
+    assert not (tmp_path / "download" / "prepared").exists()  # (checked before the corpora are split)

@@ -15,7 +15,7 @@ import zlib
 from pathlib import Path
 from typing import Callable, Iterator, Optional, Sequence, Tuple
 
-from .text import DataError, read_pairs
+from .text import DataError, find_raw_file, read_pairs
 
 _SEG = re.compile(r"<seg.*?>(.*)</seg>")
 
@@ -136,16 +136,19 @@ def wmt14_downloader(
         for url in archives:
             extract(fetch(url, folder, mirror=mirror), orig)
         pairs = []
-        for stem in corpora:
-            files = []
-            for lang in langs:
-                plain = orig / f"{stem}.{lang}"
-                files.append(plain if plain.exists() else plain.with_name(plain.name + ".gz"))
-            pairs.append(tuple(files))
+        for stem in corpora:  # (plain, or .gz as giga-fren is shipped)
+            pairs.append(tuple(find_raw_file((orig / stem).parent, f"{Path(stem).name}.{lang}") for lang in langs))
+        sgm_files = [orig / "test-full" / name for name in test_sgm]
+        for path in sgm_files:  # (before the training corpora are split, not after)
+            if not path.is_file():
+                raise DataError(f"{path} not found: no archive held it; put it there and run again, or give --raw-dir")
         n_train, n_valid = split_train_valid(pairs, prepared, langs, valid_every)
         print(f"   {n_train} training pairs, every {valid_every}th pair held out: {n_valid} valid pairs")
-        for sgm, lang in zip(test_sgm, langs):
-            n = write_lines(sgm_segments(orig / "test-full" / sgm), prepared / f"test.{lang}")
+        test = [prepared / f"test.{lang}" for lang in langs]
+        for sgm, path in zip(sgm_files, test):
+            n = write_lines(sgm_segments(sgm), path.with_name(path.name + ".partial"))
+        for path in test:  # (the target's last: it marks the download prepared, so only once both are whole)
+            path.with_name(path.name + ".partial").rename(path)
         print(f"   newstest2014: {n} pairs")
         return prepared
 
