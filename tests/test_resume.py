@@ -231,6 +231,24 @@ def test_a_signal_saves_where_training_is_and_the_same_command_resumes_there(fol
     )
 
 
+def test_a_signal_ignored_when_training_starts_stays_ignored():
+    """Under ``nohup`` (SIGHUP ignored) a closed terminal stopped the training nohup was meant to keep going: the
+    stop handler replaced the ignored disposition. SIGTERM and SIGINT are still handled."""
+    from fairseq_convs2s.compat.training import stop_signals_handled_by
+
+    def handler(signum, frame):
+        pass
+
+    before = signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    try:
+        with stop_signals_handled_by(handler):
+            assert signal.getsignal(signal.SIGHUP) is signal.SIG_IGN
+            assert signal.getsignal(signal.SIGTERM) is handler and signal.getsignal(signal.SIGINT) is handler
+        assert signal.getsignal(signal.SIGHUP) is signal.SIG_IGN
+    finally:
+        signal.signal(signal.SIGHUP, before)
+
+
 def test_the_stop_names_the_flags_a_resume_must_leave_out(folder, signal_plugin, monkeypatch):
     """A command with --reset-dataloader (or --restore-file of another checkpoint) run again would not resume from
     the checkpoint it stopped at, as the line said it would: it would start the epoch (or the other checkpoint)

@@ -134,8 +134,12 @@ STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 def stop_signals_handled_by(handler) -> Iterator[None]:
     """Inside, SIGINT, SIGTERM and SIGHUP (the terminal or ssh session closed: fairseq died unsaved) call
     ``handler``, and a system call that one interrupts restarts instead of failing with EINTR (Python's default for
-    its handlers; a rank's gloo calls should not see it); the handlers before are put back on the way out."""
-    previous = {signum: signal.signal(signum, handler) for signum in STOP_SIGNALS}
+    its handlers; a rank's gloo calls should not see it); the handlers before are put back on the way out. A signal
+    the process was started with ignored stays ignored, as Python leaves SIGINT then: SIGHUP under ``nohup`` (a
+    closed terminal stopped the training nohup was to keep going), SIGINT of a command a script runs in the
+    background."""
+    ignored = [signum for signum in STOP_SIGNALS if signal.getsignal(signum) is signal.SIG_IGN]
+    previous = {signum: signal.signal(signum, handler) for signum in STOP_SIGNALS if signum not in ignored}
     for signum in previous:
         signal.siginterrupt(signum, False)
     try:
