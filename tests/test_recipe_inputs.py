@@ -333,3 +333,16 @@ def test_an_en_fr_test_set_missing_from_its_archive_is_named(tmp_path):
         == f"run.py: error: {missing} not found: no archive held it; put it there and run again, or give --raw-dir"
     )
     assert not (tmp_path / "download" / "prepared").exists()  # (checked before the corpora are split)
+
+
+def test_plot_attention_run_alone_names_the_model_it_needs(tmp_path):
+    """``python examples/quickstart/plot_attention.py`` did nothing, silently, whatever it was given: the file only
+    defined the quickstart's last stage. Run alone it draws a sentence with a finished quickstart's model, and names
+    what is missing in one line."""
+    script = REPO_ROOT / "examples" / "quickstart" / "plot_attention.py"
+    ran = subprocess.run(
+        [sys.executable, str(script), "--out", str(tmp_path), "two cats"], capture_output=True, text=True
+    )
+    missing = tmp_path / "checkpoints" / "checkpoint_best.pt"
+    expected = f"plot_attention.py: error: {missing} not found: run examples/quickstart/run.py --out {tmp_path} first"
+    assert ran.returncode == 2 and ran.stderr.splitlines()[-1] == expected, ran.stderr

@@ -1,5 +1,13 @@
-"""Draw the decoder's attention for one translation as a heat map (source on x, target on y)."""
+"""Draw the decoder's attention for one translation as a heat map (source on x, target on y).
 
+    python examples/quickstart/plot_attention.py [--out outputs/quickstart] [--png FILE] "two cats follow the old man"
+
+draws it with the model a finished quickstart (examples/quickstart/run.py) left in --out; the quickstart calls
+:func:`plot_attention` itself for its last stage.
+"""
+
+import argparse
+import sys
 from pathlib import Path
 
 
@@ -45,3 +53,23 @@ def plot_attention(checkpoint_dir: Path, data_dir: Path, spm_model: Path, senten
     png.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(png, dpi=120)
     plt.close(fig)
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("sentence", help="a sentence of the quickstart's source language")
+    parser.add_argument("--out", type=Path, default=Path("outputs/quickstart"), help="a finished quickstart's --out")
+    parser.add_argument("--png", type=Path, help="the picture to write (default: OUT/attention-own.png)")
+    args = parser.parse_args(argv)
+    needed = [args.out / "checkpoints" / "checkpoint_best.pt", args.out / "data-bin" / "dict.src.txt"]
+    needed.append(args.out / "spm" / "spm.model")
+    for path in needed:
+        if not path.exists():
+            parser.error(f"{path} not found: run examples/quickstart/run.py --out {args.out} first")
+    png = args.png or args.out / "attention-own.png"
+    plot_attention(needed[0].parent, needed[1].parent, needed[2], args.sentence, png)
+    print(png)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
