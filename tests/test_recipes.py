@@ -285,7 +285,7 @@ def test_a_second_command_into_the_same_out_never_reports_the_firsts_results(run
     nbest = ["--generate-args", shlex.join([*GENERATE, "--nbest", "2"])]
     proc = subprocess.run(cmd + fconv + nbest, capture_output=True, text=True, timeout=600, cwd=out)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "the earlier model's training log kept as train.1.log" in proc.stdout
+    assert "the earlier training's log kept as train.1.log" in proc.stdout
     assert (out / "train.1.log").read_text() == first_log and "FConvModel" not in first_log
     assert "FConvModel" in (out / "train.log").read_text() and "ConvS2SModel" not in (out / "train.log").read_text()
     best = {}

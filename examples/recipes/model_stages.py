@@ -64,7 +64,7 @@ def train_stage(r: RecipeCommand) -> None:
     if log.exists() and not resuming:  # a model trained anew: the curve and compare.py read its log alone
         earlier = _unused(log)
         log.rename(earlier)
-        print(f"   the earlier model's training log kept as {earlier.name}")
+        print(f"   the earlier training's log kept as {earlier.name}")
     r.timed("train", run, cmd, log=log, append=resuming)
     (ckpt / "train.done").touch()
     # a new model: the average and the outputs of an earlier model are stale (this is how "train longer" works:
