@@ -22,6 +22,7 @@ from fairseq.sequence_generator import SequenceGenerator
 from torch.nn.utils.weight_norm import WeightNorm
 from torch.utils.flop_counter import FlopCounterMode
 
+from convs2s_runtime import products
 from fairseq_convs2s.criterions.fused_label_smoothed import FusedLabelSmoothedCrossEntropyCriterion
 from fairseq_convs2s.criterions.label_smoothed_loss import (
     ProjectedLossTargets,
@@ -289,13 +290,15 @@ def flop_formulas() -> Dict[object, Callable[..., int]]:
 def matmul_peak(dtype: torch.dtype, device: torch.device, n: int = 0, budget_s: float = 3.0) -> float:
     """GFLOP/s of an n^3 matmul (median of up to 5 timed calls within ``budget_s``; n = 2048 on a CPU, 8192 on
     a GPU, where a smaller product is too short to reach the peak): on a CPU the faster of torch's ``a @ b``
-    (MKL) and oneDNN's product (``a @ b^T``), which runs about a third faster on this project's AMD machine."""
+    (MKL) and oneDNN's product (``a @ b^T``), which runs about a third faster on this project's AMD machine; oneDNN's
+    only in a dtype it computes here (``products.ONEDNN_DTYPES``): without AVX-512 it refuses bf16 (a RuntimeError),
+    and MKL's product, emulated, is the bf16 peak there is."""
     n = n or matmul_peak_size(device.type)
     a = torch.randn(n, n, device=device).to(dtype)
     b = torch.randn(n, n, device=device).to(dtype)
     forms = [lambda: a @ b]
-    if device.type == "cpu" and torch.backends.mkldnn.is_available():
-        forms.append(lambda: torch.ops.mkldnn._linear_pointwise(a, b, None, "none", [], ""))
+    if device.type == "cpu" and dtype in products.ONEDNN_DTYPES:
+        forms.append(lambda: products.onednn_linear(a, b, None))
     return max(_gflops(form, 2 * n**3, device, budget_s) for form in forms)
 
 

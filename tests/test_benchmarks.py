@@ -479,3 +479,22 @@ def test_a_data_folder_or_size_the_tools_cannot_use_is_a_usage_error(module, arg
         tool.main([arg.format(tmp=tmp_path) for arg in argv])
     assert ended.value.code == 2
     assert capsys.readouterr().err.splitlines()[-1].split(" error: ", 1)[1] == said.format(tmp=tmp_path)
+
+
+def test_matmul_peak_multiplies_by_onednn_only_in_a_dtype_onednn_computes_here(monkeypatch):
+    """oneDNN refuses a bf16 product on a CPU without AVX-512 (AVX2: "could not create a primitive descriptor"):
+    benchmarks.run and training_rows measure the bf16 peak before anything else and ended in that RuntimeError."""
+    onednn_dtypes = []
+
+    def onednn_linear(x, weight, bias):
+        onednn_dtypes.append(x.dtype)
+        if x.dtype != torch.float32:
+            raise RuntimeError("could not create a primitive descriptor for the inner product forward primitive")
+        return x @ weight.t()
+
+    monkeypatch.setattr(products, "ONEDNN_DTYPES", frozenset({torch.float32}))  # as on an AVX2 CPU
+    monkeypatch.setattr(products, "onednn_linear", onednn_linear)
+    cpu = torch.device("cpu")
+    assert measure.matmul_peak(torch.bfloat16, cpu, n=64) > 0  # MKL's product alone
+    assert measure.matmul_peak(torch.float32, cpu, n=64) > 0
+    assert onednn_dtypes and set(onednn_dtypes) == {torch.float32}
