@@ -45,6 +45,14 @@ def parse_args(argv=None):
         help="only the time split of beam-5 generation (and its bound) for these cells, e.g. wmt_en_de:128; "
         "printed and written to split_<device>.json, BENCHMARKS.md left alone",
     )
+    add_alone_flags(p)
+    measure.add_malloc_flag(p)
+    p.add_argument("--memory-worker", nargs=2, metavar=("IMPL", "SIZE"), help=argparse.SUPPRESS)
+    return p.parse_args(argv)
+
+
+def add_alone_flags(p) -> None:
+    """``--alone-rounds`` and ``--alone-updates``, which :func:`training` reads (``benchmarks.training_rows`` too)."""
     p.add_argument(
         "--alone-rounds",
         type=int,
@@ -53,9 +61,6 @@ def parse_args(argv=None):
         "runs a single model; 0 for none",
     )
     p.add_argument("--alone-updates", type=int, default=5, help="timed updates per such process (their median)")
-    measure.add_malloc_flag(p)
-    p.add_argument("--memory-worker", nargs=2, metavar=("IMPL", "SIZE"), help=argparse.SUPPRESS)
-    return p.parse_args(argv)
 
 
 def describe_run(args, device) -> Dict:

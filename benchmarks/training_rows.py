@@ -27,9 +27,12 @@ def main(argv=None) -> None:
     p.add_argument("--sizes", type=size_names, default="iwslt,wmt_en_de", help=f"comma-separated, of {sorted(SIZES)}")
     p.add_argument("--quick", action="store_true", help="16 sentences an update, 2 repeats: to check the script")
     p.add_argument("--out", default=None, help="JSON file (default benchmarks/results/training_<device>.json)")
+    p.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
+    run.add_alone_flags(p)  # on a CPU the fp32 rows again with each model in a fresh process, as the harness
     measure.add_malloc_flag(p)
     args = p.parse_args(argv)
     device = torch.device(args.device)
+    measure.use_threads(args.threads)
     machine = run.describe_run(args, device)
     peaks = run.matmul_peaks(device)
     rows = [row for name in args.sizes.split(",") for row in run.training(name, args, device, peaks)]

@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from cli_helpers import make_splits, preprocess
 from utils import build_model
 
-from benchmarks import ablations, alone, bf16_generation, checkpoint_activations, data_workers, measure
+from benchmarks import ablations, alone, bf16_generation, checkpoint_activations, data_workers, measure, pair
 from benchmarks.against_revision import module_at
 from benchmarks.measure import count_flops
 from benchmarks.op_split import PRODUCTS, OperatorTimer, split_update
@@ -498,3 +498,37 @@ def test_matmul_peak_multiplies_by_onednn_only_in_a_dtype_onednn_computes_here(m
     assert measure.matmul_peak(torch.bfloat16, cpu, n=64) > 0  # MKL's product alone
     assert measure.matmul_peak(torch.float32, cpu, n=64) > 0
     assert onednn_dtypes and set(onednn_dtypes) == {torch.float32}
+
+
+def _tiny_training_rows(monkeypatch):
+    """benchmarks.training_rows at a tiny "iwslt" size, its peaks given (bf16 below half of fp32: skipped) and the
+    one-process rounds answered without processes; returns the (size, rounds, updates) they were asked for."""
+    from benchmarks import run
+
+    tiny = pair.Size("convs2s_iwslt_de_en", "[(16, 3)] * 2", "[(16, 3)] * 2", 16, 16, 40)
+    monkeypatch.setitem(run.SIZES, "iwslt", tiny)
+    monkeypatch.setattr(run, "matmul_peaks", lambda device: {"fp32": 100.0, "bf16": 1.0})
+    asked = []
+
+    def round_medians(size_name, rounds, updates, keep, threads=0):
+        asked.append((size_name, rounds, updates))
+        return {variant: [1.0] * rounds for variant in alone.VARIANTS}
+
+    monkeypatch.setattr(alone, "round_medians", round_medians)
+    return asked
+
+
+def test_training_rows_runs_on_a_cpu_with_the_harness_one_process_rounds(tmp_path, monkeypatch):
+    """On a CPU training_rows ended in AttributeError ('Namespace' object has no attribute 'alone_rounds') after
+    its first fp32 row: run.training reads the harness's --alone-rounds (and --threads), which training_rows did not
+    define."""
+    from benchmarks import training_rows
+
+    asked = _tiny_training_rows(monkeypatch)
+    out = tmp_path / "rows.json"
+    training_rows.main(
+        ["--sizes", "iwslt", "--src-len", "4", "--repeats", "1", "--alone-rounds", "2", "--out", str(out)]
+    )
+    fp32, bf16 = json.loads(out.read_text())["training"]
+    assert fp32["dtype"] == "fp32" and fp32["one_process"]["convs2s"]["speedup"] == pytest.approx(1.0)
+    assert asked == [("iwslt", 2, 5)] and "skipped" in bf16
