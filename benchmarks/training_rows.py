@@ -4,7 +4,8 @@ The same code as the training table of ``python -m benchmarks.run`` (``run.train
 bf16, and fp16 on a GPU, each with fairseq's loss and with the plugin's fused loss), then the vocabulary
 step alone (projection, loss, backward) with either loss and the bound it puts on the iwslt fp32 row
 (``run.training_limits``), for checking a change to the loss or the training path without the whole grid.
-Prints the rows and writes them as JSON (``training_<device>.json`` in the results folder by default);
+Prints the rows and writes them as JSON (``training_<device>.json`` in the results folder by default,
+``training_<device>_quick.json`` with ``--quick``);
 BENCHMARKS.md is left alone.
 """
 
@@ -26,7 +27,7 @@ def main(argv=None) -> None:
     p.add_argument("--src-len", type=int, default=25)
     p.add_argument("--sizes", type=size_names, default="iwslt,wmt_en_de", help=f"comma-separated, of {sorted(SIZES)}")
     p.add_argument("--quick", action="store_true", help="16 sentences an update, 2 repeats: to check the script")
-    p.add_argument("--out", default=None, help="JSON file (default benchmarks/results/training_<device>.json)")
+    p.add_argument("--out", default=None, help="JSON file (default benchmarks/results/training_<device>[_quick].json)")
     p.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     run.add_alone_flags(p)  # on a CPU the fp32 rows again with each model in a fresh process, as the harness
     measure.add_malloc_flag(p)
@@ -38,8 +39,11 @@ def main(argv=None) -> None:
     rows = [row for name in args.sizes.split(",") for row in run.training(name, args, device, peaks)]
     vocab_s, bounds = run.training_limits(args, device, rows, peaks)
     print(f"vocabulary step (iwslt, s): {vocab_s}")
-    out = Path(args.out) if args.out else run.RESULTS / f"training_{args.device}.json"
-    result = {"machine": machine, "peaks": peaks, "vocabulary_step_s": vocab_s, "training": rows, "bounds": bounds}
+    # a --quick check writes beside the full run's file, as benchmarks.run --quick does, not over it
+    tag = args.device + ("_quick" if args.quick else "")
+    out = Path(args.out) if args.out else run.RESULTS / f"training_{tag}.json"
+    result = {"machine": machine, "args": vars(args), "peaks": peaks, "vocabulary_step_s": vocab_s}
+    result.update(training=rows, bounds=bounds)
     out.write_text(json.dumps(result, indent=1) + "\n")
     run.log(f"wrote {out}")
 

@@ -532,3 +532,15 @@ def test_training_rows_runs_on_a_cpu_with_the_harness_one_process_rounds(tmp_pat
     fp32, bf16 = json.loads(out.read_text())["training"]
     assert fp32["dtype"] == "fp32" and fp32["one_process"]["convs2s"]["speedup"] == pytest.approx(1.0)
     assert asked == [("iwslt", 2, 5)] and "skipped" in bf16
+
+
+def test_training_rows_quick_writes_beside_the_full_runs_results(tmp_path, monkeypatch):
+    """training_rows --quick (16 sentences an update, 2 repeats) wrote benchmarks/results/training_<device>.json,
+    over the committed full run, with nothing in it to tell them apart; benchmarks.run --quick has its _quick file."""
+    from benchmarks import run, training_rows
+
+    _tiny_training_rows(monkeypatch)
+    monkeypatch.setattr(run, "RESULTS", tmp_path)
+    training_rows.main(["--sizes", "iwslt", "--src-len", "4", "--quick"])
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["training_cpu_quick.json"]
+    assert json.loads((tmp_path / "training_cpu_quick.json").read_text())["args"]["quick"] is True
