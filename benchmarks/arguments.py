@@ -34,3 +34,15 @@ def checkpoint_file(text: str) -> str:
     if not Path(text).is_file():
         raise argparse.ArgumentTypeError(f"{text}: no such file")
     return text
+
+
+def names_of(choices, what: str = "variant"):
+    """A type for a comma-separated list of ``choices``' names (``--variants``, ``--dtypes``), returned as given."""
+
+    def names(text: str) -> str:
+        unknown = [name for name in text.split(",") if name not in choices]
+        if unknown:
+            raise argparse.ArgumentTypeError(f"unknown {what} {unknown[0]!r}: choose from {', '.join(choices)}")
+        return text
+
+    return names

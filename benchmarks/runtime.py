@@ -27,7 +27,7 @@ from convs2s_runtime.search import beam_search
 from fairseq_convs2s.export import export_files
 
 from . import measure
-from .arguments import size_names
+from .arguments import names_of, size_names
 from .bf16_generation import prepared
 from .pair import SIZES, build_pair, make_dictionary
 from .run import RESULTS
@@ -101,12 +101,12 @@ def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--sizes", type=size_names, default="iwslt,wmt_en_de")
     p.add_argument("--batches", default="1,16,128")
-    p.add_argument("--dtypes", default="fp32,bf16")
+    p.add_argument("--dtypes", type=names_of(DTYPES, "dtype"), default="fp32,bf16", help="comma-separated")
     p.add_argument("--beam", type=int, default=5)
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--src-len", type=int, default=25)
     p.add_argument("--threads", type=int, default=0)
-    p.add_argument("--device", default="cpu")
+    p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     p.add_argument("--out", default=str(RESULTS))
     args = p.parse_args(argv)
     threads = measure.use_threads(args.threads)

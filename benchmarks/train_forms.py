@@ -32,7 +32,7 @@ from fairseq_convs2s.criterions import fused_label_smoothed, label_smoothed_loss
 from fairseq_convs2s.modules import dropout, embedding, weight_norm
 
 from . import measure
-from .arguments import size_names
+from .arguments import names_of, size_names
 
 
 @contextlib.contextmanager
@@ -104,7 +104,12 @@ def main(argv=None) -> None:
     p.add_argument("--sizes", type=size_names, default="iwslt,wmt_en_de")
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--threads", type=int, default=0)
-    p.add_argument("--variants", default=",".join(VARIANTS), help=f"comma-separated, of {', '.join(VARIANTS)}")
+    p.add_argument(
+        "--variants",
+        type=names_of(VARIANTS),
+        default=",".join(VARIANTS),
+        help=f"comma-separated, of {', '.join(VARIANTS)}",
+    )
     p.add_argument("--device", default="cpu", choices=["cpu", "cuda"], help=f"cuda: {', '.join(GPU_VARIANTS)} only")
     p.add_argument("--dtype", default="fp32", choices=list(DTYPES))
     args = p.parse_args(argv)

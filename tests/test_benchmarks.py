@@ -464,12 +464,24 @@ def test_machine_line_names_torch_the_commit_and_the_malloc_setting():
             "argument --sizes: unknown size 'big': choose from iwslt, wmt_en_de",
         ),
         ("train_forms", ["--sizes", "big"], "argument --sizes: unknown size 'big': choose from iwslt, wmt_en_de"),
+        (
+            "train_forms",
+            ["--sizes", "iwslt", "--variants", "conv-tbc,bogus"],
+            "argument --variants: unknown variant 'bogus': choose from mkl-linears, conv-tbc, fairseq-loss, "
+            "logits-loss, torch-dropout, torch-compile",
+        ),
+        (
+            "runtime",
+            ["--sizes", "iwslt", "--batches", "1", "--dtypes", "fp32,fp16"],
+            "argument --dtypes: unknown dtype 'fp16': choose from fp32, bf16",
+        ),
     ],
 )
 def test_a_data_folder_or_size_the_tools_cannot_use_is_a_usage_error(module, argv, said, tmp_path, capsys):
     """A DATA_BIN that is not there ended in a FileNotFoundError traceback (real_batches, recipe_training,
     data_workers), a CalledProcessError of the first training (bf16_curve) or fairseq's OSError (risk_update's
-    checkpoint); an unknown --sizes name in a KeyError once the tool had started."""
+    checkpoint); an unknown --sizes name, train_forms' --variants name or runtime's --dtypes name in a KeyError once
+    the tool had started (after building its models)."""
     import importlib
 
     (tmp_path / "bin").mkdir()
@@ -544,3 +556,12 @@ def test_training_rows_quick_writes_beside_the_full_runs_results(tmp_path, monke
     training_rows.main(["--sizes", "iwslt", "--src-len", "4", "--quick"])
     assert sorted(p.name for p in tmp_path.iterdir()) == ["training_cpu_quick.json"]
     assert json.loads((tmp_path / "training_cpu_quick.json").read_text())["args"]["quick"] is True
+
+
+def test_runtime_names_the_devices_it_runs_on(capsys):
+    """runtime --device took any text and ended in torch's RuntimeError once the models were built."""
+    from benchmarks import runtime
+
+    with pytest.raises(SystemExit) as ended:
+        runtime.main(["--sizes", "iwslt", "--device", "gpu"])
+    assert ended.value.code == 2 and "argument --device: invalid choice: 'gpu'" in capsys.readouterr().err
