@@ -29,6 +29,7 @@ from fairseq_convs2s.models import decoder, fast_path
 from fairseq_convs2s.modules.weight_norm import WeightNorm
 
 from . import measure
+from .arguments import positive_ints
 from .pair import SIZES, build_pair, make_dictionary
 
 
@@ -74,7 +75,10 @@ def main(argv=None) -> None:
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--size", choices=sorted(SIZES), default="iwslt")
     p.add_argument(
-        "--batches", default="1,16", help="generation batch sizes, comma-separated (16 sentences, or the batch)"
+        "--batches",
+        type=positive_ints,
+        default="1,16",
+        help="generation batch sizes, comma-separated (16 sentences, or the batch)",
     )
     p.add_argument("--variants", default=",".join(VARIANTS), help=f"comma-separated, of {', '.join(VARIANTS)}")
     args = p.parse_args(argv)

@@ -46,3 +46,11 @@ def names_of(choices, what: str = "variant"):
         return text
 
     return names
+
+
+def positive_ints(text: str) -> str:
+    """A comma-separated list of positive integers (``--batches``, ``--threads``), returned as given."""
+    for item in text.split(","):
+        if not item.strip().isdigit() or int(item) < 1:
+            raise argparse.ArgumentTypeError(f"{item!r} is not a positive integer (comma-separated: 1,16,128)")
+    return text

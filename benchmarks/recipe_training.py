@@ -33,7 +33,7 @@ sys.path.insert(0, str(REPO / "examples"))
 
 from recipes import training  # noqa: E402
 
-from benchmarks.arguments import data_bin_path  # noqa: E402
+from benchmarks.arguments import data_bin_path, positive_ints  # noqa: E402
 
 # name -> (--arch, the recipe's --precision, a --criterion replacing the recipe's choice, --separate-embeddings)
 VARIANTS = {
@@ -86,7 +86,9 @@ def words_per_second(cmd, threads: int) -> float:
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("data", type=data_bin_path)
-    parser.add_argument("--threads", default="1,2", help="comma-separated thread counts (default: %(default)s)")
+    parser.add_argument(
+        "--threads", type=positive_ints, default="1,2", help="comma-separated thread counts (default: %(default)s)"
+    )
     parser.add_argument("--updates", type=int, default=150)
     parser.add_argument("--log-interval", type=int, default=25)
     parser.add_argument("--rounds", type=int, default=2)

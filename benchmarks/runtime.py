@@ -27,7 +27,7 @@ from convs2s_runtime.search import beam_search
 from fairseq_convs2s.export import export_files
 
 from . import measure
-from .arguments import names_of, size_names
+from .arguments import names_of, positive_ints, size_names
 from .bf16_generation import prepared
 from .pair import SIZES, build_pair, make_dictionary
 from .run import RESULTS
@@ -100,7 +100,7 @@ def compare(size_name: str, batches: List[int], dtypes: List[str], beam: int, re
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--sizes", type=size_names, default="iwslt,wmt_en_de")
-    p.add_argument("--batches", default="1,16,128")
+    p.add_argument("--batches", type=positive_ints, default="1,16,128", help="comma-separated batch sizes")
     p.add_argument("--dtypes", type=names_of(DTYPES, "dtype"), default="fp32,bf16", help="comma-separated")
     p.add_argument("--beam", type=int, default=5)
     p.add_argument("--repeats", type=int, default=3)

@@ -475,13 +475,34 @@ def test_machine_line_names_torch_the_commit_and_the_malloc_setting():
             ["--sizes", "iwslt", "--batches", "1", "--dtypes", "fp32,fp16"],
             "argument --dtypes: unknown dtype 'fp16': choose from fp32, bf16",
         ),
+        (
+            "runtime",
+            ["--batches", "1,16x"],
+            "argument --batches: '16x' is not a positive integer (comma-separated: 1,16,128)",
+        ),
+        (
+            "ablations",
+            ["--batches", "0"],
+            "argument --batches: '0' is not a positive integer (comma-separated: 1,16,128)",
+        ),
+        (
+            "bf16_generation",
+            ["--batches", "16;128"],
+            "argument --batches: '16;128' is not a positive integer (comma-separated: 1,16,128)",
+        ),
+        (
+            "recipe_training",
+            ["{tmp}/bin", "--threads", "one"],
+            "argument --threads: 'one' is not a positive integer (comma-separated: 1,16,128)",
+        ),
     ],
 )
 def test_a_data_folder_or_size_the_tools_cannot_use_is_a_usage_error(module, argv, said, tmp_path, capsys):
     """A DATA_BIN that is not there ended in a FileNotFoundError traceback (real_batches, recipe_training,
     data_workers), a CalledProcessError of the first training (bf16_curve) or fairseq's OSError (risk_update's
     checkpoint); an unknown --sizes name, train_forms' --variants name or runtime's --dtypes name in a KeyError once
-    the tool had started (after building its models)."""
+    the tool had started (after building its models); a --batches or --threads list that is not of positive
+    integers in a ValueError traceback (ablations' batch 0: a range() of step 0, once its model was built)."""
     import importlib
 
     (tmp_path / "bin").mkdir()
