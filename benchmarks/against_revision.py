@@ -21,7 +21,7 @@ import torch
 from fairseq_convs2s.train import keep_freed_memory
 
 from . import measure
-from .arguments import size_names
+from .arguments import git_revision, size_names
 from .pair import SIZES
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -53,7 +53,7 @@ def _resolve(module: types.ModuleType, dotted: str):
 
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("revision", help="a git revision: HEAD~1, a commit")
+    p.add_argument("revision", type=git_revision, help="a git revision: HEAD~1, a commit")
     p.add_argument("what", help="MODULE:NAME[,NAME...], e.g. criterions.fused_label_smoothed:_X.forward")
     p.add_argument("--sizes", type=size_names, default="iwslt", help=f"comma-separated, of {sorted(SIZES)}")
     p.add_argument("--repeats", type=int, default=21)
@@ -63,13 +63,22 @@ def main(argv=None) -> None:
     module_name = module_name if module_name.startswith("fairseq_convs2s.") else f"fairseq_convs2s.{module_name}"
     if not names:
         p.error("name the attributes to swap: MODULE:NAME[,NAME...]")
-    kept = args.keep_freed_memory and keep_freed_memory()
-    new_module = importlib.import_module(module_name)
-    old_module = module_at(args.revision, module_name)
+    try:
+        new_module = importlib.import_module(module_name)
+    except ModuleNotFoundError:
+        p.error(f"argument what: no module {module_name}")
+    try:
+        old_module = module_at(args.revision, module_name)
+    except subprocess.CalledProcessError:
+        p.error(f"argument what: {module_name} is not in {args.revision}")
     swaps = []  # (owner in today's module, attribute, today's value, the revision's value)
     for dotted in names.split(","):
-        owner, attr, new = _resolve(new_module, dotted)
-        swaps.append((owner, attr, new, _resolve(old_module, dotted)[2]))
+        try:
+            owner, attr, new = _resolve(new_module, dotted)
+            swaps.append((owner, attr, new, _resolve(old_module, dotted)[2]))
+        except (AttributeError, KeyError):
+            p.error(f"argument what: {module_name} has no {dotted}, now or at {args.revision}")
+    kept = args.keep_freed_memory and keep_freed_memory()
 
     def use(which: int) -> None:
         for owner, attr, *values in swaps:

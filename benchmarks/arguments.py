@@ -3,6 +3,7 @@ in one line (``real_batches.py: error: argument data_bin: ...``), not a KeyError
 once the tool has started."""
 
 import argparse
+import subprocess
 from pathlib import Path
 
 from .pair import SIZES
@@ -53,4 +54,15 @@ def positive_ints(text: str) -> str:
     for item in text.split(","):
         if not item.strip().isdigit() or int(item) < 1:
             raise argparse.ArgumentTypeError(f"{item!r} is not a positive integer (comma-separated: 1,16,128)")
+    return text
+
+
+def git_revision(text: str) -> str:
+    """A commit of this repository's history, as git names it (``HEAD~1``, a hash), returned as given."""
+    root = Path(__file__).resolve().parent.parent
+    known = subprocess.run(
+        ["git", "rev-parse", "--verify", "--quiet", f"{text}^{{commit}}"], cwd=root, capture_output=True
+    )
+    if known.returncode != 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: not a commit of this repository")
     return text

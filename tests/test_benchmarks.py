@@ -491,6 +491,18 @@ def test_machine_line_names_torch_the_commit_and_the_malloc_setting():
             "argument --batches: '16;128' is not a positive integer (comma-separated: 1,16,128)",
         ),
         (
+            "against_revision",
+            ["no-such-rev", "criterions.label_smoothed_loss:onednn_pays"],
+            "argument revision: 'no-such-rev': not a commit of this repository",
+        ),
+        ("against_revision", ["HEAD", "nosuch:f"], "argument what: no module fairseq_convs2s.nosuch"),
+        (
+            "against_revision",
+            ["HEAD", "criterions.label_smoothed_loss:onednn_pays,_ProjectedLabelSmoothed.nosuch"],
+            "argument what: fairseq_convs2s.criterions.label_smoothed_loss has no _ProjectedLabelSmoothed.nosuch, "
+            "now or at HEAD",
+        ),
+        (
             "recipe_training",
             ["{tmp}/bin", "--threads", "one"],
             "argument --threads: 'one' is not a positive integer (comma-separated: 1,16,128)",
@@ -502,7 +514,9 @@ def test_a_data_folder_or_size_the_tools_cannot_use_is_a_usage_error(module, arg
     data_workers), a CalledProcessError of the first training (bf16_curve) or fairseq's OSError (risk_update's
     checkpoint); an unknown --sizes name, train_forms' --variants name or runtime's --dtypes name in a KeyError once
     the tool had started (after building its models); a --batches or --threads list that is not of positive
-    integers in a ValueError traceback (ablations' batch 0: a range() of step 0, once its model was built)."""
+    integers in a ValueError traceback (ablations' batch 0: a range() of step 0, once its model was built);
+    against_revision's unknown revision, module or attribute in git's CalledProcessError, a ModuleNotFoundError or
+    a KeyError."""
     import importlib
 
     (tmp_path / "bin").mkdir()
