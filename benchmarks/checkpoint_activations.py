@@ -117,6 +117,7 @@ def main(argv=None) -> None:
         )
     print(f"whole run: {(time.time() - started) / 60:.1f} min")
     if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps(results, indent=1) + "\n")
 
 

@@ -159,6 +159,7 @@ def main(argv=None) -> None:
         "first pass, largest loss difference from fconv's (equal with --dropout 0; dropout draws differ): "
         + ", ".join(f"{n} {max(abs(a - b) for a, b in zip(losses[n], losses['fconv'])):.2g}" for n in losses)
     )
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(
         json.dumps(
             {

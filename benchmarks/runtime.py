@@ -116,6 +116,7 @@ def main(argv=None) -> None:
         batches = [int(b) for b in args.batches.split(",")]
         rows += compare(size_name, batches, args.dtypes.split(","), args.beam, args.repeats, args.src_len, args.device)
     out = Path(args.out) / f"runtime_{args.device}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(
         json.dumps({"machine": measure.describe_machine(torch.device(args.device)), "rows": rows}, indent=1) + "\n"
     )

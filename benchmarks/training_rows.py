@@ -44,6 +44,7 @@ def main(argv=None) -> None:
     out = Path(args.out) if args.out else run.RESULTS / f"training_{tag}.json"
     result = {"machine": machine, "args": vars(args), "peaks": peaks, "vocabulary_step_s": vocab_s}
     result.update(training=rows, bounds=bounds)
+    out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=1) + "\n")
     run.log(f"wrote {out}")
 

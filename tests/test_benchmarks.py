@@ -159,7 +159,7 @@ def test_real_batches_times_the_four_variants_from_equal_weights(tmp_path, capsy
     criterion included."""
     make_splits(tmp_path, {"train": 60, "valid": 4})
     preprocess(tmp_path, "bin", trainpref="train", validpref="valid")
-    out = tmp_path / "real.json"
+    out = tmp_path / "results" / "real.json"  # a folder not there yet: made
     real_batches_main(
         [str(tmp_path / "bin"), "--batches", "2", "--repeats", "1", "--max-tokens", "200", "--dropout", "0"]
         + ["--default-malloc", "--threads", "0", "--out", str(out)]
@@ -600,3 +600,23 @@ def test_runtime_names_the_devices_it_runs_on(capsys):
     with pytest.raises(SystemExit) as ended:
         runtime.main(["--sizes", "iwslt", "--device", "gpu"])
     assert ended.value.code == 2 and "argument --device: invalid choice: 'gpu'" in capsys.readouterr().err
+
+
+def test_the_tools_make_the_folder_they_write_their_results_in(tmp_path, monkeypatch):
+    """runtime --out, checkpoint_activations --json, training_rows --out (and real_batches --out) naming a folder
+    not there yet ended in a FileNotFoundError at the end, once the whole benchmark had run and its figures were
+    lost; run and bf16_generation made theirs."""
+    from benchmarks import runtime, training_rows
+
+    monkeypatch.setattr(runtime, "compare", lambda *args: [])
+    runtime.main(["--sizes", "iwslt", "--out", str(tmp_path / "runtime")])
+    assert json.loads((tmp_path / "runtime" / "runtime_cpu.json").read_text())["rows"] == []
+
+    measured = {"seconds": 1.0, "memory_mib": 2.0, "state_mib": 1.0}
+    monkeypatch.setattr(checkpoint_activations, "_worker", lambda mode, size_name, args: measured)
+    checkpoint_activations.main(["--sizes", "iwslt", "--rounds", "1", "--json", str(tmp_path / "ck" / "ck.json")])
+    assert json.loads((tmp_path / "ck" / "ck.json").read_text())["sizes"]["iwslt"]["memory_ratio"] == 1.0
+
+    _tiny_training_rows(monkeypatch)
+    training_rows.main(["--sizes", "iwslt", "--src-len", "4", "--quick", "--out", str(tmp_path / "rows" / "r.json")])
+    assert json.loads((tmp_path / "rows" / "r.json").read_text())["training"][0]["dtype"] == "fp32"
