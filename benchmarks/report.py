@@ -25,7 +25,7 @@ def write_plot(results: Dict, path: Path) -> Path:
         for impl, style in (("fconv", "o--"), ("convs2s", "s-")):
             ax.plot(xs, [r[impl] for r in rows], style, label=impl)
         ax.set_xlabel(label)
-        ax.set_ylabel("ms per sentence (batch 16)")
+        ax.set_ylabel(f"ms per sentence (batch {_scaling_batch(results)})")
         ax.grid(alpha=0.3)
         ax.legend()
     fig.suptitle(f"Generation cost, convs2s_iwslt_de_en size, {results['machine'].get('gpu', 'CPU')}")
@@ -33,6 +33,11 @@ def write_plot(results: Dict, path: Path) -> Path:
     fig.savefig(path, dpi=100)
     plt.close(fig)
     return path
+
+
+def _scaling_batch(results: Dict) -> int:
+    """The scaling rows' batch (``benchmarks.run --quick``: 4); runs before it was recorded used 16."""
+    return results["scaling"].get("batch", 16)
 
 
 def _table(header: List[str], rows: List[List[str]]) -> str:
@@ -203,13 +208,14 @@ def render(results: Dict, plot: Path, markdown_dir: Path) -> str:
         rows.append(row)
     header = ["size", "model", "RSS loaded (MiB)", "RSS beam-5 generate", "RSS one update"]
     header += ["GPU beam-5 generate (MiB, peak allocated)", "GPU one update"] if on_gpu else []
-    parts += [_table(header, rows), "", "**Scaling** (ms per sentence, batch 16, convs2s_iwslt_de_en size):", ""]
+    scaling = f"**Scaling** (ms per sentence, batch {_scaling_batch(results)}, convs2s_iwslt_de_en size):"
+    parts += [_table(header, rows), "", scaling, ""]
     for axis in ("length", "beam"):
         rows = [
             [str(r[axis]), f"{r['fconv']:.1f}", f"{r['convs2s']:.1f}", f"{r['fconv'] / r['convs2s']:.2f}x"]
             for r in results["scaling"][axis]
         ]
-        name = "source length (beam 5)" if axis == "length" else "beam (25 tokens)"
+        name = "source length (beam 5)" if axis == "length" else f"beam ({results['args']['src_len']} tokens)"
         parts += [_table([name, "fconv", "convs2s", "speed-up"], rows), ""]
     parts.append(f"![scaling]({os.path.relpath(plot, markdown_dir)})")
     return "\n".join(parts)

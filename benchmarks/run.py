@@ -312,7 +312,7 @@ def matmul_peaks(device) -> Dict[str, float]:
     return {name: measure.matmul_peak(dtype, device) for name, dtype in training_dtypes(device)}
 
 
-def scaling(args, device) -> Dict[str, List[Dict]]:
+def scaling(args, device) -> Dict:
     """ms per sentence as the source grows (beam 5) and as the beam grows (25 tokens); iwslt size, batch 16."""
     size = SIZES["iwslt"]
     dictionary = make_dictionary(size.vocab)
@@ -320,7 +320,7 @@ def scaling(args, device) -> Dict[str, List[Dict]]:
     sentences, batch = (4, 4) if args.quick else (16, 16)
     lengths = (10, 50, 200) if args.quick else (10, 25, 50, 100, 200)
     beams = (1, 12) if args.quick else (1, 2, 4, 8, 12)
-    out: Dict[str, List[Dict]] = {"length": [], "beam": []}
+    out: Dict = {"length": [], "beam": [], "batch": batch}  # the batch, for the report (--quick: 4)
     for axis, points in (("length", lengths), ("beam", beams)):
         for point in points:
             length, beam = (point, 5) if axis == "length" else (args.src_len, point)

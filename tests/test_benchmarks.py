@@ -620,3 +620,16 @@ def test_the_tools_make_the_folder_they_write_their_results_in(tmp_path, monkeyp
     _tiny_training_rows(monkeypatch)
     training_rows.main(["--sizes", "iwslt", "--src-len", "4", "--quick", "--out", str(tmp_path / "rows" / "r.json")])
     assert json.loads((tmp_path / "rows" / "r.json").read_text())["training"][0]["dtype"] == "fp32"
+
+
+def test_report_names_the_batch_and_length_the_scaling_rows_ran_at():
+    """The scaling table and plot said batch 16 and 25 tokens whatever the run: benchmarks.run --quick decodes
+    batches of 4, --src-len sets the beam rows' length."""
+    results_dir = Path(__file__).resolve().parent.parent / "benchmarks" / "results"
+    results = json.loads((results_dir / "cpu.json").read_text())
+    assert "batch" not in results["scaling"]  # a run before the batch was recorded: 16
+    assert "**Scaling** (ms per sentence, batch 16," in render(results, results_dir / "plot.png", results_dir)
+    results["scaling"]["batch"], results["args"]["src_len"] = 4, 10
+    text = render(results, results_dir / "plot.png", results_dir)
+    assert "**Scaling** (ms per sentence, batch 4, convs2s_iwslt_de_en size):" in text
+    assert "| beam (10 tokens) | fconv | convs2s | speed-up |" in text
