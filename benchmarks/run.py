@@ -4,7 +4,8 @@ Both models have the same architecture and the same weights (stock fconv, then t
 inputs, and are timed alternately (warm-up first, medians of the repeats); on a CPU the fp32 training rows are
 timed again with each model in a fresh process of its own (``--alone-rounds``, ``benchmarks.alone``). Writes
 ``benchmarks/results/<device>.json``, ``benchmarks/results/scaling_<device>.png`` and the tables in
-``BENCHMARKS.md`` (between that device's markers).
+``BENCHMARKS.md`` (between that device's markers); ``--quick`` writes ``<device>_quick.json`` and
+``scaling_<device>_quick.png`` and leaves BENCHMARKS.md alone unless ``--markdown`` names a file.
 """
 
 import argparse
@@ -37,7 +38,10 @@ def parse_args(argv=None):
     p.add_argument("--src-len", type=int, default=25, help="source tokens per sentence; outputs are as long")
     p.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     p.add_argument("--out", default=str(RESULTS), help="folder for the JSON and the plot")
-    p.add_argument("--markdown", default="BENCHMARKS.md", help="file whose tables are rewritten ('' for none)")
+    p.add_argument(
+        "--markdown",
+        help="file whose tables are rewritten (default BENCHMARKS.md; with --quick none; '' for none)",
+    )
     p.add_argument(
         "--split",
         type=_split_cells,
@@ -424,9 +428,11 @@ def main(argv=None) -> None:
     (out / f"{tag}.json").write_text(json.dumps(results, indent=1) + "\n")
     plot = write_plot(results, out / f"scaling_{tag}.png")
     log(f"wrote {out / f'{tag}.json'} and {plot}")
-    if args.markdown:
-        write_markdown(results, Path(args.markdown), tag, plot)
-        log(f"updated {args.markdown} ({tag} section)")
+    # a --quick check of the harness writes no section into BENCHMARKS.md, unless asked to
+    markdown = args.markdown if args.markdown is not None else ("" if args.quick else "BENCHMARKS.md")
+    if markdown:
+        write_markdown(results, Path(markdown), tag, plot)
+        log(f"updated {markdown} ({tag} section)")
 
 
 if __name__ == "__main__":

@@ -633,3 +633,27 @@ def test_report_names_the_batch_and_length_the_scaling_rows_ran_at():
     text = render(results, results_dir / "plot.png", results_dir)
     assert "**Scaling** (ms per sentence, batch 4, convs2s_iwslt_de_en size):" in text
     assert "| beam (10 tokens) | fconv | convs2s | speed-up |" in text
+
+
+def test_run_quick_leaves_benchmarks_md_alone_unless_a_markdown_file_is_named(tmp_path, monkeypatch):
+    """benchmarks.run --quick, "a small grid, to check the harness", appended a "Results: cpu_quick" section of
+    its figures (one repeat, 4-sentence batches) to BENCHMARKS.md, the committed document."""
+    from benchmarks import run
+
+    results_dir = Path(__file__).resolve().parent.parent / "benchmarks" / "results"
+    full = json.loads((results_dir / "cpu.json").read_text())  # a run's results, given instead of measured
+    monkeypatch.setattr(run, "describe_run", lambda args, device: dict(full["machine"]))
+    monkeypatch.setattr(run, "matmul_peaks", lambda device: full["machine"]["matmul_gflops"])
+    for part in ("generation", "training"):
+        monkeypatch.setattr(run, part, lambda size, args, device, *peaks, part=part: full[part][:1])
+    monkeypatch.setattr(run, "limits", lambda *args: full["limits"])
+    monkeypatch.setattr(run, "scaling", lambda args, device: full["scaling"])
+    monkeypatch.setattr(run, "memory", lambda args, device: full["memory"])
+    monkeypatch.chdir(tmp_path)
+    document = "# Benchmarks\n\n<!-- results:cpu -->\nthe full run\n<!-- /results:cpu -->\n"
+    (tmp_path / "BENCHMARKS.md").write_text(document)
+    run.main(["--quick", "--sizes", "iwslt", "--out", str(tmp_path / "out")])
+    assert (tmp_path / "BENCHMARKS.md").read_text() == document
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["cpu_quick.json", "scaling_cpu_quick.png"]
+    run.main(["--quick", "--sizes", "iwslt", "--out", str(tmp_path / "out"), "--markdown", "quick.md"])
+    assert "<!-- results:cpu_quick -->" in (tmp_path / "quick.md").read_text()
