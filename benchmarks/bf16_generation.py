@@ -28,7 +28,7 @@ import torch
 from omegaconf import OmegaConf
 
 from . import measure
-from .arguments import positive_ints, size_names
+from .arguments import checkpoint_file, data_bin, positive_ints, size_names
 from .bf16_curve import USER_DIR
 from .pair import SIZES, build_pair, make_dictionary
 from .run import RESULTS
@@ -148,8 +148,8 @@ def main(argv=None) -> None:
     p.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     p.add_argument("--out", default=str(RESULTS), help="folder for bf16_generation[_trained]_<device>.json")
-    p.add_argument("--data", help="a data-bin folder: decode its test set with the trained model --path")
-    p.add_argument("--path", help="a convs2s checkpoint, with --data")
+    p.add_argument("--data", type=data_bin, help="a data-bin folder: decode its test set with the trained model --path")
+    p.add_argument("--path", type=checkpoint_file, help="a convs2s checkpoint, with --data")
     p.add_argument("--generate-args", default="", help="more fairseq-generate flags, with --data (one flag: use =)")
     args = p.parse_args(argv)
     if bool(args.data) != bool(args.path):

@@ -503,6 +503,16 @@ def test_machine_line_names_torch_the_commit_and_the_malloc_setting():
             "now or at HEAD",
         ),
         (
+            "bf16_generation",
+            ["--data", "{tmp}/gone", "--path", "{tmp}/bin/dict.en.txt"],
+            "argument --data: {tmp}/gone: no such folder",
+        ),
+        (
+            "bf16_generation",
+            ["--data", "{tmp}/bin", "--path", "{tmp}/gone.pt"],
+            "argument --path: {tmp}/gone.pt: no such file",
+        ),
+        (
             "recipe_training",
             ["{tmp}/bin", "--threads", "one"],
             "argument --threads: 'one' is not a positive integer (comma-separated: 1,16,128)",
@@ -516,7 +526,8 @@ def test_a_data_folder_or_size_the_tools_cannot_use_is_a_usage_error(module, arg
     the tool had started (after building its models); a --batches or --threads list that is not of positive
     integers in a ValueError traceback (ablations' batch 0: a range() of step 0, once its model was built);
     against_revision's unknown revision, module or attribute in git's CalledProcessError, a ModuleNotFoundError or
-    a KeyError."""
+    a KeyError; bf16_generation's --data or --path that is not there in fairseq-generate's failure, after its
+    start-up."""
     import importlib
 
     (tmp_path / "bin").mkdir()
