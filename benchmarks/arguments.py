@@ -66,3 +66,14 @@ def git_revision(text: str) -> str:
     if known.returncode != 0:
         raise argparse.ArgumentTypeError(f"{text!r}: not a commit of this repository")
     return text
+
+
+def recipe_folder(text: str) -> str:
+    """A recipe's output folder (``examples/*/run.py --out``): its ``data-bin``, ``spm/spm.model`` and ``raw`` text."""
+    folder = Path(text)
+    if not folder.is_dir():
+        raise argparse.ArgumentTypeError(f"{folder}: no such folder")
+    for part in ("data-bin", "spm/spm.model", "raw"):
+        if not (folder / part).exists():
+            raise argparse.ArgumentTypeError(f"{folder} holds no {part}: not a recipe's output folder")
+    return text

@@ -24,6 +24,8 @@ import time
 from pathlib import Path
 from typing import List, Tuple
 
+from .arguments import recipe_folder
+
 USER_DIR = Path(__file__).resolve().parent.parent / "fairseq_convs2s"
 
 
@@ -48,14 +50,18 @@ def fairseq_hypotheses(stdout: str) -> Tuple[List[str], List[float]]:
 
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("out", help="a recipe's output folder")
-    p.add_argument("--checkpoint", default="avg", help="avg, best or last (default avg, as the recipe scores)")
+    p.add_argument("out", type=recipe_folder, help="a recipe's output folder")
+    p.add_argument(
+        "--checkpoint", default="avg", choices=["avg", "best", "last"], help="default avg, as the recipe scores"
+    )
     p.add_argument("--batch-size", type=int, default=64)
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--bf16", action="store_true", help="both commands with --bf16")
     args = p.parse_args(argv)
     out = Path(args.out)
     checkpoint = out / "checkpoints" / f"checkpoint_{args.checkpoint}.pt"
+    if not checkpoint.is_file():
+        p.error(f"argument --checkpoint: {checkpoint}: no such file")
     model_dir = out / "runtime_model"
     _run([sys.executable, "-m", "fairseq_convs2s.export", checkpoint, model_dir, "--data", out / "data-bin",
           "--sentencepiece-model", out / "spm" / "spm.model"])  # fmt: skip

@@ -512,6 +512,8 @@ def test_machine_line_names_torch_the_commit_and_the_malloc_setting():
             ["--data", "{tmp}/bin", "--path", "{tmp}/gone.pt"],
             "argument --path: {tmp}/gone.pt: no such file",
         ),
+        ("runtime_recipe", ["{tmp}/gone"], "argument out: {tmp}/gone: no such folder"),
+        ("runtime_recipe", ["{tmp}"], "argument out: {tmp} holds no data-bin: not a recipe's output folder"),
         (
             "recipe_training",
             ["{tmp}/bin", "--threads", "one"],
@@ -527,7 +529,7 @@ def test_a_data_folder_or_size_the_tools_cannot_use_is_a_usage_error(module, arg
     integers in a ValueError traceback (ablations' batch 0: a range() of step 0, once its model was built);
     against_revision's unknown revision, module or attribute in git's CalledProcessError, a ModuleNotFoundError or
     a KeyError; bf16_generation's --data or --path that is not there in fairseq-generate's failure, after its
-    start-up."""
+    start-up, runtime_recipe's OUT in the export's."""
     import importlib
 
     (tmp_path / "bin").mkdir()
@@ -668,3 +670,21 @@ def test_run_quick_leaves_benchmarks_md_alone_unless_a_markdown_file_is_named(tm
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["cpu_quick.json", "scaling_cpu_quick.png"]
     run.main(["--quick", "--sizes", "iwslt", "--out", str(tmp_path / "out"), "--markdown", "quick.md"])
     assert "<!-- results:cpu_quick -->" in (tmp_path / "quick.md").read_text()
+
+
+def test_runtime_recipe_names_a_checkpoint_the_recipe_folder_lacks(tmp_path, capsys):
+    """runtime_recipe's default --checkpoint avg on a folder without checkpoint_avg.pt (the quickstart's) ended in
+    the export's failure, its command line and its output's tail."""
+    from benchmarks import runtime_recipe
+
+    for part in ("data-bin", "spm", "raw", "checkpoints"):
+        (tmp_path / part).mkdir()
+    (tmp_path / "spm" / "spm.model").write_bytes(b"")
+    (tmp_path / "checkpoints" / "checkpoint_best.pt").write_bytes(b"")
+    with pytest.raises(SystemExit) as ended:
+        runtime_recipe.main([str(tmp_path)])
+    said = capsys.readouterr().err.splitlines()[-1].split(" error: ", 1)[1]
+    assert (
+        ended.value.code == 2
+        and said == f"argument --checkpoint: {tmp_path}/checkpoints/checkpoint_avg.pt: no such file"
+    )
