@@ -49,7 +49,9 @@ def train(data: Path, save_dir: Path, args, extra, env):
     cmd += ["--log-format", "json", "--log-interval", str(args.log_interval)]
     cmd += extra
     print("$ " + " ".join([f"{k}={v}" for k, v in env.items()] + cmd[1:]), flush=True)
-    proc = subprocess.run(cmd, capture_output=True, text=True, check=True, env={**os.environ, **env})
+    proc = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, **env})
+    if proc.returncode != 0:  # its own words say why, not a CalledProcessError
+        raise SystemExit(f"training failed (exit {proc.returncode}):\n{proc.stdout[-3000:]}{proc.stderr[-3000:]}")
     return [json.loads(m.group(1)) for m in map(_RECORD.search, proc.stdout.splitlines()) if m]
 
 
@@ -57,8 +59,10 @@ def validate(data: Path, checkpoint: Path):
     cmd = [sys.executable, "-m", "fairseq_cli.validate", str(data), "--user-dir", str(USER_DIR), "--cpu"]
     cmd += ["--task", "translation"]  # fairseq-validate has no default task
     cmd += ["--path", str(checkpoint), "--max-tokens", "4000", "--required-batch-size-multiple", "1"]
-    proc = subprocess.run(cmd, capture_output=True, text=True, check=True)
+    proc = subprocess.run(cmd, capture_output=True, text=True)
     match = _VALID.search(proc.stdout + proc.stderr)
+    if proc.returncode != 0 or not match:
+        raise SystemExit(f"fairseq-validate failed (exit {proc.returncode}):\n{(proc.stdout + proc.stderr)[-3000:]}")
     return float(match.group(1)), float(match.group(2))
 
 
@@ -72,6 +76,8 @@ def main(argv=None):
     parser.add_argument("--swap", action="store_true", help="train the second of the pair first")
     parser.add_argument("--out", type=Path, help="JSON file (default benchmarks/results/<compare>_curve[_swap].json)")
     args = parser.parse_args(argv)
+    if args.updates < 2 * args.log_interval:  # the first interval is left out as warm-up: one more must follow
+        parser.error(f"--updates {args.updates} gives fewer than two --log-interval {args.log_interval} intervals")
     name = args.compare.replace("-", "_") + ("_curve_swap" if args.swap else "_curve")
     out = args.out or REPO / "benchmarks" / "results" / f"{name}.json"
     runs = COMPARISONS[args.compare][::-1] if args.swap else COMPARISONS[args.compare]

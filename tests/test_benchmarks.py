@@ -688,3 +688,20 @@ def test_runtime_recipe_names_a_checkpoint_the_recipe_folder_lacks(tmp_path, cap
         ended.value.code == 2
         and said == f"argument --checkpoint: {tmp_path}/checkpoints/checkpoint_avg.pt: no such file"
     )
+
+
+def test_bf16_curve_wants_two_log_intervals_and_says_why_a_training_failed(tmp_path, capsys):
+    """bf16_curve's words/s are the median of the log intervals after the first: --updates under two intervals
+    ended in a StatisticsError once the first training had run; a failing training (here a folder with a
+    dictionary and no train split) in a CalledProcessError that hid fairseq's words."""
+    from benchmarks import bf16_curve
+
+    (tmp_path / "bin").mkdir()
+    (tmp_path / "bin" / "dict.en.txt").write_text("a 1\n", encoding="utf-8")
+    with pytest.raises(SystemExit) as ended:
+        bf16_curve.main([str(tmp_path / "bin"), "--updates", "30", "--log-interval", "20"])
+    said = capsys.readouterr().err.splitlines()[-1].split(" error: ", 1)[1]
+    assert ended.value.code == 2 and said == "--updates 30 gives fewer than two --log-interval 20 intervals"
+    with pytest.raises(SystemExit) as ended:
+        bf16_curve.main([str(tmp_path / "bin"), "--updates", "2", "--log-interval", "1", "--out", str(tmp_path / "o")])
+    assert str(ended.value.code).startswith("training failed (exit ") and not (tmp_path / "o").exists()
