@@ -77,3 +77,12 @@ def recipe_folder(text: str) -> str:
         if not (folder / part).exists():
             raise argparse.ArgumentTypeError(f"{folder} holds no {part}: not a recipe's output folder")
     return text
+
+
+def device_name(text: str) -> str:
+    """``--device``: ``cuda`` only where torch has a CUDA device (argparse's ``choices`` check the name)."""
+    import torch
+
+    if text == "cuda" and not torch.cuda.is_available():
+        raise argparse.ArgumentTypeError(f"cuda: torch {torch.__version__} has no CUDA device here")
+    return text

@@ -28,7 +28,7 @@ import torch
 from omegaconf import OmegaConf
 
 from . import measure
-from .arguments import checkpoint_file, data_bin, positive_ints, size_names
+from .arguments import checkpoint_file, data_bin, device_name, positive_ints, size_names
 from .bf16_curve import USER_DIR
 from .pair import SIZES, build_pair, make_dictionary
 from .run import RESULTS
@@ -146,7 +146,7 @@ def main(argv=None) -> None:
     p.add_argument("--repeats", type=int, default=5, help="timed repeats per configuration (medians)")
     p.add_argument("--src-len", type=int, default=25, help="source tokens per sentence; outputs are as long")
     p.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
-    p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    p.add_argument("--device", type=device_name, default="cpu", choices=["cpu", "cuda"])
     p.add_argument("--out", default=str(RESULTS), help="folder for bf16_generation[_trained]_<device>.json")
     p.add_argument("--data", type=data_bin, help="a data-bin folder: decode its test set with the trained model --path")
     p.add_argument("--path", type=checkpoint_file, help="a convs2s checkpoint, with --data")

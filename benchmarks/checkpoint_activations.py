@@ -23,7 +23,7 @@ from typing import Dict, List
 import torch
 
 from . import measure
-from .arguments import size_names
+from .arguments import device_name, size_names
 from .pair import SIZES
 
 MODES = ("kept", "checkpointed")
@@ -85,7 +85,7 @@ def main(argv=None) -> None:
     p.add_argument("--length", type=int, default=25, help="tokens per source and target sentence, before EOS")
     p.add_argument("--rounds", type=int, default=3, help="fresh processes per mode, modes in turn")
     p.add_argument("--updates", type=int, default=5, help="timed updates per process (their median)")
-    p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    p.add_argument("--device", type=device_name, default="cpu", choices=["cpu", "cuda"])
     p.add_argument("--threads", type=int, default=0, help="torch threads in each process (0: torch's default)")
     p.add_argument("--json", help="also write the results here")
     p.add_argument("--worker", nargs=2, metavar=("MODE", "SIZE"), help=argparse.SUPPRESS)

@@ -21,7 +21,7 @@ import torch
 from fairseq_convs2s.train import keep_freed_memory
 
 from . import alone, measure
-from .arguments import size_names
+from .arguments import device_name, size_names
 from .pair import SIZES, build_pair, make_dictionary
 from .report import FUSED, write_markdown, write_plot
 
@@ -31,7 +31,7 @@ IMPLS = ("fconv", "convs2s")
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    p.add_argument("--device", type=device_name, default="cpu", choices=["cpu", "cuda"])
     p.add_argument("--quick", action="store_true", help="a small grid (minutes) to check the harness")
     p.add_argument("--sizes", type=size_names, default="iwslt,wmt_en_de", help=f"comma-separated, of {sorted(SIZES)}")
     p.add_argument("--repeats", type=int, default=5, help="timed repeats per configuration (medians)")

@@ -27,7 +27,7 @@ from convs2s_runtime.search import beam_search
 from fairseq_convs2s.export import export_files
 
 from . import measure
-from .arguments import names_of, positive_ints, size_names
+from .arguments import device_name, names_of, positive_ints, size_names
 from .bf16_generation import prepared
 from .pair import SIZES, build_pair, make_dictionary
 from .run import RESULTS
@@ -106,7 +106,7 @@ def main(argv=None) -> None:
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--src-len", type=int, default=25)
     p.add_argument("--threads", type=int, default=0)
-    p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    p.add_argument("--device", type=device_name, default="cpu", choices=["cpu", "cuda"])
     p.add_argument("--out", default=str(RESULTS))
     args = p.parse_args(argv)
     threads = measure.use_threads(args.threads)

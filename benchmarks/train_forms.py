@@ -32,7 +32,7 @@ from fairseq_convs2s.criterions import fused_label_smoothed, label_smoothed_loss
 from fairseq_convs2s.modules import dropout, embedding, weight_norm
 
 from . import measure
-from .arguments import names_of, size_names
+from .arguments import device_name, names_of, size_names
 
 
 @contextlib.contextmanager
@@ -110,7 +110,13 @@ def main(argv=None) -> None:
         default=",".join(VARIANTS),
         help=f"comma-separated, of {', '.join(VARIANTS)}",
     )
-    p.add_argument("--device", default="cpu", choices=["cpu", "cuda"], help=f"cuda: {', '.join(GPU_VARIANTS)} only")
+    p.add_argument(
+        "--device",
+        type=device_name,
+        default="cpu",
+        choices=["cpu", "cuda"],
+        help=f"cuda: {', '.join(GPU_VARIANTS)} only",
+    )
     p.add_argument("--dtype", default="fp32", choices=list(DTYPES))
     args = p.parse_args(argv)
     variants = args.variants.split(",")

@@ -16,13 +16,13 @@ from pathlib import Path
 import torch
 
 from . import measure, run
-from .arguments import size_names
+from .arguments import device_name, size_names
 from .pair import SIZES
 
 
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    p.add_argument("--device", type=device_name, default="cpu", choices=["cpu", "cuda"])
     p.add_argument("--repeats", type=int, default=5, help="timed repeats per configuration (medians)")
     p.add_argument("--src-len", type=int, default=25)
     p.add_argument("--sizes", type=size_names, default="iwslt,wmt_en_de", help=f"comma-separated, of {sorted(SIZES)}")

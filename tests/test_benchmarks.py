@@ -147,7 +147,8 @@ def test_bf16_generation_prepares_copies_in_each_precision_and_writes_both_speed
     assert f"= {row['bf16_over_fp32']:.2f}x" in capsys.readouterr().out
 
 
-def test_train_forms_refuses_cpu_only_variants_on_a_gpu(capsys):
+def test_train_forms_refuses_cpu_only_variants_on_a_gpu(capsys, monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # (--device cuda is refused without a GPU)
     with pytest.raises(SystemExit):
         train_forms_main(["--device", "cuda", "--variants", "torch-compile,mkl-linears"])
     assert "on a GPU only fairseq-loss, torch-compile apply" in capsys.readouterr().err
@@ -705,3 +706,20 @@ def test_bf16_curve_wants_two_log_intervals_and_says_why_a_training_failed(tmp_p
     with pytest.raises(SystemExit) as ended:
         bf16_curve.main([str(tmp_path / "bin"), "--updates", "2", "--log-interval", "1", "--out", str(tmp_path / "o")])
     assert str(ended.value.code).startswith("training failed (exit ") and not (tmp_path / "o").exists()
+
+
+@pytest.mark.parametrize(
+    "module", ["run", "training_rows", "train_forms", "checkpoint_activations", "bf16_generation", "runtime"]
+)
+def test_device_cuda_without_a_gpu_is_a_usage_error(module, monkeypatch, capsys):
+    """--device cuda on a machine without a GPU ended in torch's AssertionError ("Torch not compiled with CUDA
+    enabled") or RuntimeError, some tools once their models were built."""
+    import importlib
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(SystemExit) as ended:
+        importlib.import_module(f"benchmarks.{module}").main(["--device", "cuda", "--sizes", "iwslt"])
+    said = capsys.readouterr().err.splitlines()[-1].split(" error: ", 1)[1]
+    assert (
+        ended.value.code == 2 and said == f"argument --device: cuda: torch {torch.__version__} has no CUDA device here"
+    )
