@@ -723,3 +723,18 @@ def test_device_cuda_without_a_gpu_is_a_usage_error(module, monkeypatch, capsys)
     assert (
         ended.value.code == 2 and said == f"argument --device: cuda: torch {torch.__version__} has no CUDA device here"
     )
+
+
+def test_git_ignores_what_a_quick_check_writes_beside_the_results():
+    """benchmarks.run --quick and training_rows --quick write cpu_quick.json, scaling_cpu_quick.png and
+    training_cpu_quick.json into benchmarks/results, among the committed results: they showed as new files there,
+    one `git add benchmarks/results` from being committed beside the full runs."""
+    import subprocess
+
+    root = Path(__file__).resolve().parent.parent
+    written = ["cpu_quick.json", "scaling_cpu_quick.png", "training_cpu_quick.json", "cuda_quick.json"]
+    paths = [f"benchmarks/results/{name}" for name in written]
+    ignored = subprocess.run(["git", "check-ignore", *paths], cwd=root, capture_output=True, text=True).stdout
+    assert ignored.split() == paths
+    committed = ["benchmarks/results/cpu.json", "benchmarks/results/training_cpu.json"]
+    assert subprocess.run(["git", "check-ignore", *committed], cwd=root, capture_output=True).returncode == 1  # none
