@@ -29,7 +29,7 @@ from fairseq_convs2s.models import decoder, fast_path
 from fairseq_convs2s.modules.weight_norm import WeightNorm
 
 from . import measure
-from .arguments import positive_ints
+from .arguments import positive_int, positive_ints
 from .pair import SIZES, build_pair, make_dictionary
 
 
@@ -72,7 +72,7 @@ VARIANTS = {
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--threads", type=int, default=0)
-    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--repeats", type=positive_int, default=5)
     p.add_argument("--size", choices=sorted(SIZES), default="iwslt")
     p.add_argument(
         "--batches",

@@ -21,7 +21,7 @@ import torch
 from fairseq_convs2s.train import keep_freed_memory
 
 from . import measure
-from .arguments import git_revision, size_names
+from .arguments import git_revision, positive_int, size_names
 from .pair import SIZES
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -56,7 +56,7 @@ def main(argv=None) -> None:
     p.add_argument("revision", type=git_revision, help="a git revision: HEAD~1, a commit")
     p.add_argument("what", help="MODULE:NAME[,NAME...], e.g. criterions.fused_label_smoothed:_X.forward")
     p.add_argument("--sizes", type=size_names, default="iwslt", help=f"comma-separated, of {sorted(SIZES)}")
-    p.add_argument("--repeats", type=int, default=21)
+    p.add_argument("--repeats", type=positive_int, default=21)
     measure.add_malloc_flag(p)
     args = p.parse_args(argv)
     module_name, _, names = args.what.partition(":")

@@ -21,7 +21,7 @@ import torch
 from fairseq_convs2s.train import keep_freed_memory
 
 from . import measure
-from .arguments import size_names
+from .arguments import positive_int, size_names
 from .pair import SIZES
 
 # variant: (model, the fused criterion)
@@ -76,8 +76,8 @@ def summary(medians: Dict[str, List[float]]) -> Dict[str, Dict[str, object]]:
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--sizes", type=size_names, default="iwslt", help=f"comma-separated, of {sorted(SIZES)}")
-    p.add_argument("--rounds", type=int, default=3, help="fresh processes per variant, variants in turn")
-    p.add_argument("--updates", type=int, default=15, help="timed updates per process (their median)")
+    p.add_argument("--rounds", type=positive_int, default=3, help="fresh processes per variant, variants in turn")
+    p.add_argument("--updates", type=positive_int, default=15, help="timed updates per process (their median)")
     p.add_argument("--threads", type=int, default=0, help="torch threads in each process (0: torch's default)")
     measure.add_malloc_flag(p)
     p.add_argument("--worker", nargs=2, metavar=("VARIANT", "SIZE"), help=argparse.SUPPRESS)

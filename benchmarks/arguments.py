@@ -49,6 +49,13 @@ def names_of(choices, what: str = "variant"):
     return names
 
 
+def positive_int(text: str) -> int:
+    """A count that must be at least 1 (``--rounds``, ``--repeats``, ``--updates``, ``--batch``, ...)."""
+    if not text.strip().isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a positive integer")
+    return int(text)
+
+
 def positive_ints(text: str) -> str:
     """A comma-separated list of positive integers (``--batches``, ``--threads``), returned as given."""
     for item in text.split(","):

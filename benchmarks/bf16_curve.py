@@ -23,7 +23,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from .arguments import data_bin_path
+from .arguments import data_bin_path, positive_int
 
 REPO = Path(__file__).resolve().parent.parent
 USER_DIR = REPO / "fairseq_convs2s"
@@ -69,7 +69,7 @@ def validate(data: Path, checkpoint: Path):
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("data", type=data_bin_path)
-    parser.add_argument("--updates", type=int, default=200)
+    parser.add_argument("--updates", type=positive_int, default=200)
     parser.add_argument("--log-interval", type=int, default=20)
     parser.add_argument("--arch", default="convs2s_iwslt_de_en")
     parser.add_argument("--compare", choices=sorted(COMPARISONS), default="bf16")

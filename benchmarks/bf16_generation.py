@@ -28,7 +28,7 @@ import torch
 from omegaconf import OmegaConf
 
 from . import measure
-from .arguments import checkpoint_file, data_bin, device_name, positive_ints, size_names
+from .arguments import checkpoint_file, data_bin, device_name, positive_int, positive_ints, size_names
 from .bf16_curve import USER_DIR
 from .pair import SIZES, build_pair, make_dictionary
 from .run import RESULTS
@@ -143,7 +143,7 @@ def main(argv=None) -> None:
     p.add_argument("--sizes", type=size_names, default="iwslt,wmt_en_de", help=f"comma-separated, of {sorted(SIZES)}")
     p.add_argument("--batches", type=positive_ints, default="1,16,128", help="comma-separated batch sizes")
     p.add_argument("--beam", type=int, default=5)
-    p.add_argument("--repeats", type=int, default=5, help="timed repeats per configuration (medians)")
+    p.add_argument("--repeats", type=positive_int, default=5, help="timed repeats per configuration (medians)")
     p.add_argument("--src-len", type=int, default=25, help="source tokens per sentence; outputs are as long")
     p.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     p.add_argument("--device", type=device_name, default="cpu", choices=["cpu", "cuda"])

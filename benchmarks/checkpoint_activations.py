@@ -23,7 +23,7 @@ from typing import Dict, List
 import torch
 
 from . import measure
-from .arguments import device_name, size_names
+from .arguments import device_name, positive_int, size_names
 from .pair import SIZES
 
 MODES = ("kept", "checkpointed")
@@ -81,10 +81,10 @@ def summary(rounds: List[Dict[str, Dict]]) -> Dict[str, object]:
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--sizes", type=size_names, default="iwslt,wmt_en_de", help=f"comma-separated, of {sorted(SIZES)}")
-    p.add_argument("--sentences", type=int, default=64, help="sentences in the batch")
+    p.add_argument("--sentences", type=positive_int, default=64, help="sentences in the batch")
     p.add_argument("--length", type=int, default=25, help="tokens per source and target sentence, before EOS")
-    p.add_argument("--rounds", type=int, default=3, help="fresh processes per mode, modes in turn")
-    p.add_argument("--updates", type=int, default=5, help="timed updates per process (their median)")
+    p.add_argument("--rounds", type=positive_int, default=3, help="fresh processes per mode, modes in turn")
+    p.add_argument("--updates", type=positive_int, default=5, help="timed updates per process (their median)")
     p.add_argument("--device", type=device_name, default="cpu", choices=["cpu", "cuda"])
     p.add_argument("--threads", type=int, default=0, help="torch threads in each process (0: torch's default)")
     p.add_argument("--json", help="also write the results here")

@@ -19,7 +19,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from benchmarks.arguments import data_bin
+from benchmarks.arguments import data_bin, positive_int
 from benchmarks.recipe_training import command
 
 VARIANTS = {"in-trainer": [], "worker": ["--num-workers", "1"]}
@@ -75,8 +75,8 @@ def run(cmd) -> tuple:
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("data", type=data_bin, help="a fairseq-preprocess folder, or several joined by ':'")
-    parser.add_argument("--updates", type=int, default=400)
-    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--updates", type=positive_int, default=400)
+    parser.add_argument("--rounds", type=positive_int, default=2)
     parser.add_argument("--variants", default=",".join(VARIANTS), help=f"comma-separated, of {', '.join(VARIANTS)}")
     args = parser.parse_args(argv)
     variants = args.variants.split(",")

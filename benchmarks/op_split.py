@@ -26,7 +26,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from fairseq_convs2s.train import keep_freed_memory
 
 from . import measure
-from .arguments import size_names
+from .arguments import positive_int, size_names
 from .pair import SIZES
 
 # the matrix products of an update: torch's and oneDNN's, conv_tbc (fconv's convolutions) and its backward
@@ -107,7 +107,7 @@ def split_update(step, runs: int, operators: int = 8) -> Dict[str, object]:
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--sizes", type=size_names, default="iwslt", help=f"comma-separated, of {sorted(SIZES)}")
-    p.add_argument("--repeats", type=int, default=7, help="timed updates per model (medians), and timed runs")
+    p.add_argument("--repeats", type=positive_int, default=7, help="timed updates per model (medians), and timed runs")
     measure.add_malloc_flag(p)
     p.add_argument("--products", type=int, default=8, help="product shapes listed per model, slowest first")
     p.add_argument("--operators", type=int, default=8, help="operators listed per model, slowest first")

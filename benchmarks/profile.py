@@ -13,6 +13,7 @@ import argparse
 import torch
 
 from . import measure
+from .arguments import positive_int
 from .pair import SIZES, build_pair, make_dictionary
 
 
@@ -21,8 +22,8 @@ def main(argv=None) -> None:
     p.add_argument("--impl", choices=("convs2s", "fconv"), default="convs2s")
     p.add_argument("--size", choices=sorted(SIZES), default="iwslt")
     p.add_argument("--what", choices=("train", "generate"), default="train")
-    p.add_argument("--batch", type=int, default=1, help="sentences per generation batch")
-    p.add_argument("--runs", type=int, default=3)
+    p.add_argument("--batch", type=positive_int, default=1, help="sentences per generation batch")
+    p.add_argument("--runs", type=positive_int, default=3)
     p.add_argument("--rows", type=int, default=20)
     p.add_argument("--dtype", choices=("fp32", "bf16"), default="fp32", help="train: bf16 as fairseq's --bf16")
     p.add_argument("--fused-loss", action="store_true", help="train: the loss by the plugin's fused criterion")

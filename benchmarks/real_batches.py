@@ -40,7 +40,7 @@ from fairseq_convs2s.criterions.fused_label_smoothed import FusedLabelSmoothedCr
 from fairseq_convs2s.train import keep_freed_memory
 
 from . import measure
-from .arguments import data_bin
+from .arguments import data_bin, positive_int
 from .pair import SIZES, build_pair
 from .profile import print_operators
 
@@ -94,8 +94,8 @@ def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("data_bin", type=data_bin)
     p.add_argument("--size", choices=sorted(SIZES), default="iwslt")
-    p.add_argument("--batches", type=int, default=8)
-    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--batches", type=positive_int, default=8)
+    p.add_argument("--repeats", type=positive_int, default=5)
     p.add_argument("--max-tokens", type=int, default=4000)
     p.add_argument("--dropout", type=float, default=0.2)
     p.add_argument("--threads", type=int, default=2)

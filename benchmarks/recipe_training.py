@@ -33,7 +33,7 @@ sys.path.insert(0, str(REPO / "examples"))
 
 from recipes import training  # noqa: E402
 
-from benchmarks.arguments import data_bin_path, positive_ints  # noqa: E402
+from benchmarks.arguments import data_bin_path, positive_int, positive_ints  # noqa: E402
 
 # name -> (--arch, the recipe's --precision, a --criterion replacing the recipe's choice, --separate-embeddings)
 VARIANTS = {
@@ -89,9 +89,9 @@ def main(argv=None):
     parser.add_argument(
         "--threads", type=positive_ints, default="1,2", help="comma-separated thread counts (default: %(default)s)"
     )
-    parser.add_argument("--updates", type=int, default=150)
+    parser.add_argument("--updates", type=positive_int, default=150)
     parser.add_argument("--log-interval", type=int, default=25)
-    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--rounds", type=positive_int, default=2)
     parser.add_argument("--variants", default="fconv,convs2s", help=f"comma-separated, of {', '.join(VARIANTS)}")
     parser.add_argument("--train-args", default="", help="more fairseq-train flags for every run; they win")
     parser.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results" / "recipe_training.json")

@@ -29,7 +29,7 @@ import time
 import torch
 
 from . import measure
-from .arguments import checkpoint_file, data_bin
+from .arguments import checkpoint_file, data_bin, positive_int
 
 VARIANTS = ["repeated-sources", "log-softmax", "all-positions"]
 
@@ -58,8 +58,8 @@ def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("data_bin", type=data_bin)
     p.add_argument("checkpoint", type=checkpoint_file)
-    p.add_argument("--batches", type=int, default=4)
-    p.add_argument("--repeats", type=int, default=3, help="timed passes over the batches, per variant")
+    p.add_argument("--batches", type=positive_int, default=4)
+    p.add_argument("--repeats", type=positive_int, default=3, help="timed passes over the batches, per variant")
     p.add_argument("--max-tokens", type=int, default=1000)
     p.add_argument("--candidates", type=int, default=8)
     p.add_argument("--post-process", default="sentencepiece")

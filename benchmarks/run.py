@@ -21,7 +21,7 @@ import torch
 from fairseq_convs2s.train import keep_freed_memory
 
 from . import alone, measure
-from .arguments import device_name, size_names
+from .arguments import device_name, positive_int, size_names
 from .pair import SIZES, build_pair, make_dictionary
 from .report import FUSED, write_markdown, write_plot
 
@@ -34,7 +34,7 @@ def parse_args(argv=None):
     p.add_argument("--device", type=device_name, default="cpu", choices=["cpu", "cuda"])
     p.add_argument("--quick", action="store_true", help="a small grid (minutes) to check the harness")
     p.add_argument("--sizes", type=size_names, default="iwslt,wmt_en_de", help=f"comma-separated, of {sorted(SIZES)}")
-    p.add_argument("--repeats", type=int, default=5, help="timed repeats per configuration (medians)")
+    p.add_argument("--repeats", type=positive_int, default=5, help="timed repeats per configuration (medians)")
     p.add_argument("--src-len", type=int, default=25, help="source tokens per sentence; outputs are as long")
     p.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     p.add_argument("--out", default=str(RESULTS), help="folder for the JSON and the plot")

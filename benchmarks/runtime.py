@@ -27,7 +27,7 @@ from convs2s_runtime.search import beam_search
 from fairseq_convs2s.export import export_files
 
 from . import measure
-from .arguments import device_name, names_of, positive_ints, size_names
+from .arguments import device_name, names_of, positive_int, positive_ints, size_names
 from .bf16_generation import prepared
 from .pair import SIZES, build_pair, make_dictionary
 from .run import RESULTS
@@ -103,7 +103,7 @@ def main(argv=None) -> None:
     p.add_argument("--batches", type=positive_ints, default="1,16,128", help="comma-separated batch sizes")
     p.add_argument("--dtypes", type=names_of(DTYPES, "dtype"), default="fp32,bf16", help="comma-separated")
     p.add_argument("--beam", type=int, default=5)
-    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--repeats", type=positive_int, default=3)
     p.add_argument("--src-len", type=int, default=25)
     p.add_argument("--threads", type=int, default=0)
     p.add_argument("--device", type=device_name, default="cpu", choices=["cpu", "cuda"])

@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 from typing import List, Tuple
 
-from .arguments import recipe_folder
+from .arguments import positive_int, recipe_folder
 
 USER_DIR = Path(__file__).resolve().parent.parent / "fairseq_convs2s"
 
@@ -55,7 +55,7 @@ def main(argv=None) -> None:
         "--checkpoint", default="avg", choices=["avg", "best", "last"], help="default avg, as the recipe scores"
     )
     p.add_argument("--batch-size", type=int, default=64)
-    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--repeats", type=positive_int, default=3)
     p.add_argument("--bf16", action="store_true", help="both commands with --bf16")
     args = p.parse_args(argv)
     out = Path(args.out)

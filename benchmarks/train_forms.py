@@ -32,7 +32,7 @@ from fairseq_convs2s.criterions import fused_label_smoothed, label_smoothed_loss
 from fairseq_convs2s.modules import dropout, embedding, weight_norm
 
 from . import measure
-from .arguments import device_name, names_of, size_names
+from .arguments import device_name, names_of, positive_int, size_names
 
 
 @contextlib.contextmanager
@@ -102,7 +102,7 @@ DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--sizes", type=size_names, default="iwslt,wmt_en_de")
-    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--repeats", type=positive_int, default=5)
     p.add_argument("--threads", type=int, default=0)
     p.add_argument(
         "--variants",

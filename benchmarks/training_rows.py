@@ -16,14 +16,14 @@ from pathlib import Path
 import torch
 
 from . import measure, run
-from .arguments import device_name, size_names
+from .arguments import device_name, positive_int, size_names
 from .pair import SIZES
 
 
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--device", type=device_name, default="cpu", choices=["cpu", "cuda"])
-    p.add_argument("--repeats", type=int, default=5, help="timed repeats per configuration (medians)")
+    p.add_argument("--repeats", type=positive_int, default=5, help="timed repeats per configuration (medians)")
     p.add_argument("--src-len", type=int, default=25)
     p.add_argument("--sizes", type=size_names, default="iwslt,wmt_en_de", help=f"comma-separated, of {sorted(SIZES)}")
     p.add_argument("--quick", action="store_true", help="16 sentences an update, 2 repeats: to check the script")

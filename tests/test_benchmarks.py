@@ -520,6 +520,11 @@ def test_machine_line_names_torch_the_commit_and_the_malloc_setting():
             ["{tmp}/bin", "--threads", "one"],
             "argument --threads: 'one' is not a positive integer (comma-separated: 1,16,128)",
         ),
+        ("profile", ["--runs", "0"], "argument --runs: '0' is not a positive integer"),
+        ("profile", ["--what", "generate", "--batch", "-1"], "argument --batch: '-1' is not a positive integer"),
+        ("alone", ["--rounds", "0"], "argument --rounds: '0' is not a positive integer"),
+        ("run", ["--repeats", "two"], "argument --repeats: 'two' is not a positive integer"),
+        ("recipe_training", ["{tmp}/bin", "--updates", "0"], "argument --updates: '0' is not a positive integer"),
     ],
 )
 def test_a_data_folder_or_size_the_tools_cannot_use_is_a_usage_error(module, argv, said, tmp_path, capsys):
@@ -530,7 +535,8 @@ def test_a_data_folder_or_size_the_tools_cannot_use_is_a_usage_error(module, arg
     integers in a ValueError traceback (ablations' batch 0: a range() of step 0, once its model was built);
     against_revision's unknown revision, module or attribute in git's CalledProcessError, a ModuleNotFoundError or
     a KeyError; bf16_generation's --data or --path that is not there in fairseq-generate's failure, after its
-    start-up, runtime_recipe's OUT in the export's."""
+    start-up, runtime_recipe's OUT in the export's; a count of 0 (profile's --runs, alone's --rounds) in a
+    ZeroDivisionError or StatisticsError once it had measured nothing."""
     import importlib
 
     (tmp_path / "bin").mkdir()
