@@ -9,7 +9,6 @@ import math
 import os
 import random
 import re
-import signal
 import subprocess
 import sys
 import time
@@ -253,9 +252,3 @@ def wait_until_sleeping(pid: int) -> None:
             return
         time.sleep(0.01)
     raise AssertionError(f"process {pid} never waited for input")
-
-
-def interruptible() -> None:
-    """``preexec_fn`` for a command a test interrupts: SIGINT back to its default in the child. A shell that starts
-    the tests in the background ignores SIGINT and passes that on, and Python then leaves Ctrl-C ignored."""
-    signal.signal(signal.SIGINT, signal.SIG_DFL)

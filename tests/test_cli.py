@@ -25,7 +25,6 @@ from cli_helpers import (
     epoch_losses,
     generate,
     hypothesis_lines,
-    interruptible,
     load_checkpoint,
     make_splits,
     max_param_difference,
@@ -339,7 +338,7 @@ def test_interactive_ends_in_one_line_on_ctrl_c_and_quietly_when_its_reader_goes
     cmd = [sys.executable, "-m", "fairseq_cli.interactive", *map(str, args), "--target-lang", "tgt", "--cpu"]
     for end in ("interrupt", "reader gone"):
         with open(tmp_path / f"{end}.err", "w+") as err:
-            popen = dict(cwd=trained.folder, stdin=PIPE, stdout=PIPE, stderr=err, text=True, preexec_fn=interruptible)
+            popen = dict(cwd=trained.folder, stdin=PIPE, stdout=PIPE, stderr=err, text=True)
             with subprocess.Popen(cmd, **popen) as proc:
                 proc.stdin.write("s1 s2 s3\n")
                 proc.stdin.flush()

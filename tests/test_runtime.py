@@ -24,7 +24,6 @@ from cli_helpers import (
     check_ok,
     generate,
     hypothesis_lines,
-    interruptible,
     make_splits,
     preprocess,
     split_hypothesis,
@@ -324,9 +323,7 @@ def test_the_command_line_ends_in_one_line(tmp_path):
     closed = subprocess.run(["bash", "-c", 'exec "$@" <&-', "-", *cmd], capture_output=True, text=True, cwd=ROOT)
     assert closed.returncode == 2 and "error: stdin closed: the command reads lines from stdin" in closed.stderr
     for end in ("reader gone", "interrupt"):
-        with subprocess.Popen(
-            cmd, stdin=PIPE, stdout=PIPE, stderr=PIPE, text=True, cwd=ROOT, preexec_fn=interruptible
-        ) as proc:
+        with subprocess.Popen(cmd, stdin=PIPE, stdout=PIPE, stderr=PIPE, text=True, cwd=ROOT) as proc:
             proc.stdin.write("w1 w2\nw3\n")
             proc.stdin.flush()
             assert proc.stdout.readline() and proc.stdout.readline()  # two lines answered

@@ -229,19 +229,42 @@ def run(cmd: Sequence, log: Optional[Path] = None, append: bool = False, quiet: 
                     except OSError:  # the terminal is gone (closed: SIGHUP): the log keeps the rest
                         console.clear()
 
+        stops: List[int] = []
+
+        def forward(signum, frame) -> None:  # (SIGTERM or SIGHUP: the command stops, its output is read to its end)
+            stops.append(signum)
+            proc.terminate()
+
         try:
-            copy_output()
+            with _stop_signals_forwarded(forward):
+                copy_output()
         except BaseException:
-            # a Ctrl-C in the terminal reached the child too; an interrupt, SIGTERM or SIGHUP sent to this process
-            # alone did not, and the child would go on training, unseen, beside the rerun. Training saves where it
-            # is and stops (python -m fairseq_convs2s.train, on SIGINT, SIGTERM or SIGHUP): its last lines say what
-            # it saved
+            # a Ctrl-C in the terminal reached the child too; an interrupt sent to this process alone did not, and
+            # the child would go on training, unseen, beside the rerun. Training saves where it is and stops
+            # (python -m fairseq_convs2s.train, on SIGINT, SIGTERM or SIGHUP): its last lines say what it saved
             proc.terminate()
             copy_output()
             proc.wait()
             raise
-        if proc.wait() != 0:
+        proc.wait()
+        if stops:
+            raise Stopped(stops[0])
+        if proc.returncode != 0:
             raise failure(cmd, proc.returncode, log)
+
+
+@contextlib.contextmanager
+def _stop_signals_forwarded(forward) -> Iterator[None]:
+    """Inside, SIGTERM and SIGHUP call ``forward`` where :func:`errors_in_one_line` would raise :class:`Stopped`:
+    raised while a line of the command's output is in hand, between reading and writing it, it lost that line (the
+    last ones, what training saved, when a terminal's hang-up reached both)."""
+    handled = [signum for signum in STOP_SIGNALS if signal.getsignal(signum) is _raise_stopped]
+    previous = {signum: signal.signal(signum, forward) for signum in handled}
+    try:
+        yield
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
 
 
 def train_command() -> List[str]:
