@@ -155,21 +155,29 @@ def errors_in_one_line(prog: str) -> Iterator[None]:
     when the driver started (SIGHUP under ``nohup``) stays ignored, in the driver and in the commands it starts."""
     in_main = threading.current_thread() is threading.main_thread()  # (signal handlers: the main thread's only)
     handled = [signum for signum in STOP_SIGNALS if in_main and signal.getsignal(signum) is not signal.SIG_IGN]
-    previous = {signum: signal.signal(signum, _raise_stopped) for signum in handled}
+    with _signals_handled_by(handled, _raise_stopped):
+        try:
+            yield
+        except (text.DataError, CommandFailed, SettingsChanged, InUse) as e:
+            sys.exit(f"{prog}: error: {e}")
+        except KeyboardInterrupt as e:
+            how = f"stopped by {e}" if isinstance(e, Stopped) else "interrupted"
+            try:
+                print(f"\n{prog}: {how}; run the same command again to go on from here", file=sys.stderr)
+            except OSError:  # (the terminal is gone: SIGHUP)
+                pass
+            sys.exit(128 + e.signum if isinstance(e, Stopped) else 130)
+
+
+@contextlib.contextmanager
+def _signals_handled_by(signums: Sequence[int], handler) -> Iterator[None]:
+    """Inside, the signals ``signums`` call ``handler``; the handlers before are put back on the way out."""
+    previous = {signum: signal.signal(signum, handler) for signum in signums}
     try:
         yield
-    except (text.DataError, CommandFailed, SettingsChanged, InUse) as e:
-        sys.exit(f"{prog}: error: {e}")
-    except KeyboardInterrupt as e:
-        how = f"stopped by {e}" if isinstance(e, Stopped) else "interrupted"
-        try:
-            print(f"\n{prog}: {how}; run the same command again to go on from here", file=sys.stderr)
-        except OSError:  # (the terminal is gone: SIGHUP)
-            pass
-        sys.exit(128 + e.signum if isinstance(e, Stopped) else 130)
     finally:
-        for signum, handler in previous.items():
-            signal.signal(signum, handler)
+        for signum, before in previous.items():
+            signal.signal(signum, before)
 
 
 PR_SET_PDEATHSIG = 1  # (linux/prctl.h)
@@ -235,8 +243,12 @@ def run(cmd: Sequence, log: Optional[Path] = None, append: bool = False, quiet: 
             stops.append(signum)
             proc.terminate()
 
+        # SIGTERM and SIGHUP call forward where errors_in_one_line would raise Stopped: raised while a line of the
+        # command's output is in hand, between reading and writing it, it lost that line (the last ones, what
+        # training saved, when a terminal's hang-up reached both)
+        stopping = [signum for signum in STOP_SIGNALS if signal.getsignal(signum) is _raise_stopped]
         try:
-            with _stop_signals_forwarded(forward):
+            with _signals_handled_by(stopping, forward):
                 copy_output()
         except BaseException:
             # a Ctrl-C in the terminal reached the child too; an interrupt sent to this process alone did not, and
@@ -251,20 +263,6 @@ def run(cmd: Sequence, log: Optional[Path] = None, append: bool = False, quiet: 
             raise Stopped(stops[0])
         if proc.returncode != 0:
             raise failure(cmd, proc.returncode, log)
-
-
-@contextlib.contextmanager
-def _stop_signals_forwarded(forward) -> Iterator[None]:
-    """Inside, SIGTERM and SIGHUP call ``forward`` where :func:`errors_in_one_line` would raise :class:`Stopped`:
-    raised while a line of the command's output is in hand, between reading and writing it, it lost that line (the
-    last ones, what training saved, when a terminal's hang-up reached both)."""
-    handled = [signum for signum in STOP_SIGNALS if signal.getsignal(signum) is _raise_stopped]
-    previous = {signum: signal.signal(signum, forward) for signum in handled}
-    try:
-        yield
-    finally:
-        for signum, handler in previous.items():
-            signal.signal(signum, handler)
 
 
 def train_command() -> List[str]:
