@@ -18,7 +18,7 @@ sys.path.insert(0, str(REPO_ROOT / "examples"))
 
 from recipes import text  # noqa: E402
 from recipes.average_checkpoints import main as average_main  # noqa: E402
-from recipes.commands import CommandFailed, errors_in_one_line  # noqa: E402
+from recipes.commands import CommandFailed, OutLock, errors_in_one_line  # noqa: E402
 
 
 def _reported(read) -> str:
@@ -156,7 +156,7 @@ def test_the_quickstart_redoes_an_interrupted_preprocess(left, tmp_path, monkeyp
 
     monkeypatch.setattr(quickstart.subprocess, "run", fake_run)
     with pytest.raises(CommandFailed, match="^fairseq-preprocess exited with status 1"):
-        quickstart.run_stages(Namespace(out=out, max_epoch=1, vocab_size=120))
+        quickstart.run_stages(Namespace(out=out, max_epoch=1, vocab_size=120), OutLock())
     printed = capsys.readouterr().out
     assert "\n== 3/7 fairseq-preprocess\n$ " in printed and "fairseq_cli.preprocess" in printed, printed
     assert len(ran) == 1 and ran[0][1] is None  # (what the interrupted one left was gone before it ran)
@@ -165,7 +165,7 @@ def test_the_quickstart_redoes_an_interrupted_preprocess(left, tmp_path, monkeyp
     bin_dir.mkdir()
     (bin_dir / "test.src-tgt.tgt.idx").write_text("")
     with pytest.raises(CommandFailed, match="^fairseq-train exited with status 1"):
-        quickstart.run_stages(Namespace(out=out, max_epoch=1, vocab_size=120))
+        quickstart.run_stages(Namespace(out=out, max_epoch=1, vocab_size=120), OutLock())
     assert f"== 3/7 fairseq-preprocess: already done ({bin_dir / 'test.src-tgt.tgt.idx'})" in capsys.readouterr().out
 
 

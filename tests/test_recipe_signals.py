@@ -38,8 +38,8 @@ DRIVER = """
 import contextlib, pathlib, sys
 sys.path.insert(0, {examples!r})
 from recipes import commands
-with commands.errors_in_one_line("t.py"), {lock}:
-    commands.run([sys.executable, "-c", {command!r}, {saved!r}], log={log!r})
+with commands.errors_in_one_line("t.py"), {lock} as lock:
+    commands.run([sys.executable, "-c", {command!r}, {saved!r}], log={log!r}, lock=lock)
 """
 
 
@@ -179,8 +179,10 @@ def test_a_second_command_into_the_same_out_is_refused_while_the_first_runs(tmp_
 
 def test_a_command_started_under_the_lock_holds_it_after_the_driver(tmp_path):
     """The lock passes to each command the driver starts: a training that outlives its driver keeps the out."""
-    with commands.alone_in(tmp_path):
-        sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"], **commands.child_options())
+    with commands.alone_in(tmp_path) as lock:
+        sleeper = subprocess.Popen(
+            [sys.executable, "-c", "import time; time.sleep(600)"], **commands.child_options(lock)
+        )
     try:
         with pytest.raises(commands.InUse, match=r" is in use by "):
             with commands.alone_in(tmp_path):

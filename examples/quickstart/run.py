@@ -21,7 +21,7 @@ USER_DIR = HERE.parent.parent / "fairseq_convs2s"
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent))
 
-from recipes.commands import alone_in, child_options, errors_in_one_line, failure, fairseq, stage  # noqa: E402
+from recipes.commands import OutLock, alone_in, child_options, errors_in_one_line, failure, fairseq, stage  # noqa: E402
 from recipes.pipeline import count, out_dir  # noqa: E402
 from recipes.settings import RunSettings, folders  # noqa: E402
 from toy_corpus import make_corpus  # noqa: E402
@@ -34,11 +34,12 @@ INTERACTIVE_INPUT = [
 ]
 
 
-def run(cmd, **kwargs):
-    """Run a command; :class:`recipes.commands.CommandFailed` when it fails, after any output it captured."""
+def run(cmd, lock: OutLock, **kwargs):
+    """Run a command, holding the ``lock`` on OUT; :class:`recipes.commands.CommandFailed` when it fails, after any
+    output it captured."""
     cmd = [str(c) for c in cmd]
     print("$ " + " ".join(cmd), flush=True)
-    result = subprocess.run(cmd, **kwargs, **child_options())  # (it stops when this script dies)
+    result = subprocess.run(cmd, **kwargs, **child_options(lock))  # (it stops when this script dies)
     if result.returncode != 0:
         if kwargs.get("capture_output"):  # its own words say why
             sys.stderr.write(result.stdout[-3000:] + result.stderr[-3000:])
@@ -52,11 +53,11 @@ def main():
     parser.add_argument("--max-epoch", type=count, default=5)
     parser.add_argument("--vocab-size", type=count, default=120)
     args = parser.parse_args()
-    with errors_in_one_line(parser.prog), alone_in(args.out.resolve()):  # (one command at a time in an --out)
-        run_stages(args)
+    with errors_in_one_line(parser.prog), alone_in(args.out.resolve()) as lock:  # (one command at a time in an --out)
+        run_stages(args, lock)
 
 
-def run_stages(args: argparse.Namespace) -> None:
+def run_stages(args: argparse.Namespace, lock: OutLock) -> None:
     """The seven stages, each skipped when its output is there."""
     out = args.out.resolve()
     raw, spm_dir, bin_dir, ckpt = out / "raw", out / "spm", out / "data-bin", out / "checkpoints"
@@ -110,7 +111,7 @@ def run_stages(args: argparse.Namespace) -> None:
             "--source-lang", "src", "--target-lang", "tgt", "--joined-dictionary",
             "--trainpref", spm_dir / "train", "--validpref", spm_dir / "valid", "--testpref", spm_dir / "test",
             "--destdir", bin_dir, "--workers", "2",
-        ])  # fmt: skip
+        ], lock)  # fmt: skip
         settings.record("preprocess", pieces)
 
     # done when training ends, not at the first checkpoint: an interrupted training resumes
@@ -122,7 +123,7 @@ def run_stages(args: argparse.Namespace) -> None:
             "--criterion", "label_smoothed_cross_entropy", "--label-smoothing", "0.1",
             "--max-tokens", "2000", "--max-epoch", args.max_epoch, "--save-dir", ckpt,
             "--no-epoch-checkpoints", "--seed", "1", "--num-workers", "0",
-        ])  # fmt: skip
+        ], lock)  # fmt: skip
         (ckpt / "train.done").touch()
         settings.record("train", trained)
         for stale in ("generate-test.txt", "interactive.txt", "attention.png"):  # (an earlier model's)
@@ -134,7 +135,7 @@ def run_stages(args: argparse.Namespace) -> None:
             bin_dir, "--user-dir", USER_DIR, "--path", ckpt / "checkpoint_best.pt", "--cpu", "--gen-subset", "test",
             "--beam", "5", "--batch-size", "64", "--remove-bpe", "sentencepiece", "--scoring", "sacrebleu",
             "--required-batch-size-multiple", "1",  # else fairseq may drop the last sentences (issue 5036)
-        ], capture_output=True, text=True)  # fmt: skip
+        ], lock, capture_output=True, text=True)  # fmt: skip
         generate_log.write_text(result.stdout)
     bleu = re.findall(r"BLEU = [\d.]+ .*", generate_log.read_text())
     print(f"   test set: {bleu[-1] if bleu else 'no BLEU line found'}  (full output: {generate_log})")
@@ -145,7 +146,7 @@ def run_stages(args: argparse.Namespace) -> None:
             bin_dir, "--user-dir", USER_DIR, "--path", ckpt / "checkpoint_best.pt", "--cpu", "--beam", "5",
             "--source-lang", "src", "--target-lang", "tgt",
             "--bpe", "sentencepiece", "--sentencepiece-model", spm_model,
-        ], input="\n".join(INTERACTIVE_INPUT) + "\n", capture_output=True, text=True)  # fmt: skip
+        ], lock, input="\n".join(INTERACTIVE_INPUT) + "\n", capture_output=True, text=True)  # fmt: skip
         interactive_log.write_text(result.stdout)
     for line in interactive_log.read_text().splitlines():
         if line.startswith(("S-", "D-")):

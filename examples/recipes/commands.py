@@ -68,18 +68,32 @@ class InUse(Exception):
 
 
 LOCK = "run.lock"
-_locks: List[int] = []  # the descriptor of OUT/run.lock while this command holds it, open in each command it starts
+
+
+class OutLock:
+    """``OUT/run.lock`` as a driver holds it (:func:`alone_in`): its open descriptor, which each command the driver
+    starts inherits (:func:`child_options`), and in which each is named (:meth:`name`), so that a training the
+    driver left behind holds the out too and is named to the next command. ``fd`` None: held by no one (no
+    ``fcntl``, a file system without locks, or no ``alone_in`` at all)."""
+
+    def __init__(self, fd: Optional[int] = None):
+        self.fd = fd
+
+    def name(self, pid: int, name: str) -> None:
+        """Record process ``pid`` as one of those holding the lock."""
+        if self.fd is not None:
+            os.write(self.fd, f"{pid} {name}\n".encode())
 
 
 @contextlib.contextmanager
-def alone_in(out: Path) -> Iterator[None]:
+def alone_in(out: Path) -> Iterator[OutLock]:
     """This command alone in ``out``: an exclusive lock on ``OUT/run.lock``, held by the driver and by every command
-    it starts (:func:`child_options`), so that a training the driver left behind holds it too; :class:`InUse`,
-    naming who holds it, when another command does. (Where there is no ``fcntl``, no lock.)"""
+    it starts with the :class:`OutLock` this yields, so that a training the driver left behind holds it too;
+    :class:`InUse`, naming who holds it, when another command does. (Where there is no ``fcntl``, no lock.)"""
     try:
         import fcntl
     except ImportError:
-        yield
+        yield OutLock()
         return
     out.mkdir(parents=True, exist_ok=True)
     path = out / LOCK
@@ -91,15 +105,15 @@ def alone_in(out: Path) -> Iterator[None]:
         raise InUse(_holders(path)) from None
     except OSError:  # a file system without locks: run unlocked, as before
         os.close(fd)
-        yield
+        yield OutLock()
         return
     os.ftruncate(fd, 0)
-    os.write(fd, f"{os.getpid()} {Path(sys.argv[0]).name}\n".encode())  # (and each command started: run())
-    _locks.append(fd)
+    lock = OutLock(fd)
+    lock.name(os.getpid(), Path(sys.argv[0]).name)  # (and each command started: run())
     try:
-        yield
+        yield lock
     finally:
-        _locks.remove(fd)
+        lock.fd = None
         os.close(fd)
 
 
@@ -203,29 +217,37 @@ def _stop_with_the_driver() -> Optional[Callable[[], None]]:
     return hook
 
 
-def child_options() -> Dict[str, object]:
+def child_options(lock: Optional[OutLock] = None) -> Dict[str, object]:
     """``subprocess`` options for a stage's command: it stops when the driver dies (:func:`_stop_with_the_driver`),
-    and holds the driver's lock on OUT while it runs (:func:`alone_in`)."""
+    and holds the driver's ``lock`` on OUT while it runs (:func:`alone_in`)."""
     hook = _stop_with_the_driver()
-    return {"pass_fds": tuple(_locks), **({} if hook is None else {"preexec_fn": hook})}
+    held = () if lock is None or lock.fd is None else (lock.fd,)
+    return {"pass_fds": held, **({} if hook is None else {"preexec_fn": hook})}
 
 
-def run(cmd: Sequence, log: Optional[Path] = None, append: bool = False, quiet: Sequence[str] = ()) -> None:
+def run(
+    cmd: Sequence,
+    log: Optional[Path] = None,
+    append: bool = False,
+    quiet: Sequence[str] = (),
+    lock: Optional[OutLock] = None,
+) -> None:
     """Run a command; :class:`CommandFailed` when it fails. Its output goes to the console and, when given, all of
-    it into ``log`` (the lines starting with one of ``quiet`` into ``log`` only)."""
+    it into ``log`` (the lines starting with one of ``quiet`` into ``log`` only). The command holds the driver's
+    ``lock`` on OUT, if any, while it runs."""
     cmd = [str(c) for c in cmd]
     print("$ " + shlex.join(cmd), flush=True)
     if log is None:
-        returncode = subprocess.run(cmd, **child_options()).returncode  # (an interrupt kills the child)
+        returncode = subprocess.run(cmd, **child_options(lock)).returncode  # (an interrupt kills the child)
         if returncode != 0:
             raise failure(cmd, returncode, None)
         return
     with open(log, "a" if append else "w", encoding="utf-8") as out:
         proc = subprocess.Popen(
-            cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1, **child_options()
+            cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1, **child_options(lock)
         )
-        for fd in _locks:  # (a command that outlives this driver is named to the next one)
-            os.write(fd, f"{proc.pid} {command_name(cmd)}\n".encode())
+        if lock is not None:  # (a command that outlives this driver is named to the next one)
+            lock.name(proc.pid, command_name(cmd))
         console = [sys.stdout]
 
         def copy_output() -> None:

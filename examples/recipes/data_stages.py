@@ -56,7 +56,7 @@ def preprocess_stage(r: RecipeCommand) -> None:
             "--destdir", r.bin_dir, "--workers", r.args.workers,
         ]  # fmt: skip
         r.settings.record("preprocess", r.made_with["preprocess"])
-        r.timed("preprocess", run, cmd)
+        r.timed("preprocess", run, cmd, lock=r.lock)
 
 
 def extra_test_set_stage(r: RecipeCommand, index: int) -> None:
@@ -87,7 +87,7 @@ def extra_test_set_stage(r: RecipeCommand, index: int) -> None:
         "--srcdict", r.bin_dir / f"dict.{r.src}.txt", "--testpref", r.spm_dir / extra.name,
         "--destdir", staging, "--workers", 1,
     ]  # fmt: skip
-    run(cmd)
+    run(cmd, lock=r.lock)
     for lang in (r.src, r.tgt):  # the target's index last: it marks the set done
         for kind in ("bin", "idx"):
             (staging / f"test.{r.pair}.{lang}.{kind}").rename(r.bin_dir / f"{subset}.{r.pair}.{lang}.{kind}")

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Sequence
 
 from recipes import final_model, scoring, text, training
-from recipes.commands import USER_DIR, child_options, device_flags, failure, fairseq, run, stage, train_command
+from recipes.commands import USER_DIR, OutLock, child_options, device_flags, failure, fairseq, run, stage, train_command
 from recipes.settings import folders, outputs, remove
 
 if TYPE_CHECKING:
@@ -65,7 +65,7 @@ def train_stage(r: RecipeCommand) -> None:
         earlier = _unused(log)
         log.rename(earlier)
         print(f"   the earlier training's log kept as {earlier.name}")
-    r.timed("train", run, cmd, log=log, append=resuming)
+    r.timed("train", run, cmd, log=log, append=resuming, lock=r.lock)
     (ckpt / "train.done").touch()
     # a new model: the average and the outputs of an earlier model are stale (this is how "train longer" works:
     # delete checkpoints/train.done and run again with a larger budget)
@@ -86,7 +86,7 @@ def model_stage(r: RecipeCommand) -> Path:
         remove(r.ckpt / "checkpoint_avg.pt", r.ckpt / "chosen.txt", *outputs(r.out))
         r.settings.forget("average", "generate")
     fresh = not (r.ckpt / ("chosen.txt" if r.args.checkpoint == "auto" else "checkpoint_avg.pt")).exists()
-    model = average_and_choose(r.args, r.ckpt, r.bin_dir, r.src, r.tgt)
+    model = average_and_choose(r.args, r.ckpt, r.bin_dir, r.src, r.tgt, r.lock)
     if fresh:
         r.settings.record("average", r.made_with["average"])
     return model
@@ -114,7 +114,7 @@ def test_stage(r: RecipeCommand, index: int, model: Path) -> str:
         ]  # fmt: skip
         # the per-sentence S-/T-/H-/D-/P- lines go to the file only
         partial = generated.with_name(generated.name + ".partial")
-        r.timed(f"generate {eval_set.name}", run, cmd, log=partial, quiet=("S-", "T-", "H-", "D-", "P-"))
+        r.timed(f"generate {eval_set.name}", run, cmd, log=partial, quiet=("S-", "T-", "H-", "D-", "P-"), lock=r.lock)
         write_hypotheses(partial, hyp_file, len(text.read_lines(r.raw / f"{eval_set.name}.{r.src}")))
         partial.rename(generated)
         r.settings.record("generate", r.made_with["generate"])
@@ -156,7 +156,7 @@ def write_curve(out: Path, title: str) -> None:
     print(f"   validation curve: {out / 'curve.png'} ({len(points)} points; the numbers in curve.tsv)")
 
 
-def average_and_choose(args, ckpt: Path, bin_dir: Path, src: str, tgt: str) -> Path:
+def average_and_choose(args, ckpt: Path, bin_dir: Path, src: str, tgt: str, lock: OutLock) -> Path:
     """Stage 5: checkpoint_avg.pt, the average of up to ``--average-last`` checkpoints from the final part of
     training; with ``--checkpoint auto``, that or checkpoint_best.pt, whichever validates lower (the choice and
     both losses kept in checkpoints/chosen.txt). Returns the model to test."""
@@ -190,7 +190,7 @@ def average_and_choose(args, ckpt: Path, bin_dir: Path, src: str, tgt: str) -> P
             "--skip-invalid-size-inputs-valid-test", "--model-overrides", repr({"data": str(bin_dir)}), *device_flags(),
         ]  # fmt: skip
         print("$ " + shlex.join(str(c) for c in cmd), flush=True)
-        result = subprocess.run([str(c) for c in cmd], capture_output=True, text=True, **child_options())
+        result = subprocess.run([str(c) for c in cmd], capture_output=True, text=True, **child_options(lock))
         if result.returncode != 0:  # its own words say why, then the one line that names the command
             sys.stderr.write(result.stdout[-3000:] + result.stderr[-3000:])
             raise failure(cmd, result.returncode, None)

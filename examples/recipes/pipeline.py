@@ -33,7 +33,7 @@ from typing import Callable, Dict, List, Optional, Sequence
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from recipes import training  # noqa: E402
-from recipes.commands import alone_in, errors_in_one_line  # noqa: E402
+from recipes.commands import OutLock, alone_in, errors_in_one_line  # noqa: E402
 from recipes.data_stages import (  # noqa: E402
     data_stage,
     extra_test_set_stage,
@@ -248,6 +248,7 @@ class RecipeCommand:
         self.settings = RunSettings(self.out)  # (read again by run_stages once it holds OUT's lock)
         self.made_with = stage_settings(self.args, self.src, self.tgt, self.arch)
         self.timings: Dict[str, float] = {}
+        self.lock = OutLock()  # (the lock on OUT, once run_stages holds it: each command started holds it too)
 
     def timed(self, name: str, fn: Callable, *fn_args, **fn_kwargs) -> None:
         started = time.time()
@@ -262,7 +263,7 @@ class RecipeCommand:
 def run_stages(recipe: Recipe, args: argparse.Namespace, src: str, tgt: str) -> None:
     """The seven stages, each skipped when its output is there; one command at a time in an --out."""
     r = RecipeCommand(recipe, args, src, tgt)
-    with alone_in(r.out):
+    with alone_in(r.out) as r.lock:
         r.settings = RunSettings(r.out)  # (as the last command into it left them)
         _run_stages(r)
 
