@@ -81,6 +81,31 @@ def test_the_fastest_flags_and_why(monkeypatch, arch, train_args, precision, cud
 
 
 @pytest.mark.parametrize(
+    "train_args, time_budget, fp32_cpu, flags, note",
+    [
+        ("", 30, True, ["--max-tokens", "2000"], "batch: --max-tokens 2000, half the recipe's 4000 (in fp32 on a CPU"),
+        ("", 30, False, [], None),  # bf16 on a CPU, or a GPU: the recipe's batch
+        ("", None, True, [], None),  # no time budget (an update budget): as many updates of the recipe's batch
+        ("--max-tokens 3000", 30, True, [], "batch: --max-tokens 3000 (--train-args)"),
+    ],
+)
+def test_a_time_budget_in_fp32_on_a_cpu_halves_the_batch(train_args, time_budget, fp32_cpu, flags, note):
+    recipe = ["--lr", "0.25", "--max-tokens", "4000"]
+    chosen, notes = training.batch_flags(recipe, shlex.split(train_args), time_budget, fp32_cpu)
+    assert chosen == flags
+    assert (notes == []) if note is None else (len(notes) == 1 and notes[0].startswith(note))
+    assert training.batch_flags(["--lr", "0.25"], [], 30, True) == ([], [])  # a recipe without --max-tokens
+
+
+@pytest.mark.parametrize(
+    "fastest, train_args, cuda, fp32",
+    [([], "", False, True), (["--bf16"], "", False, False), ([], "--bf16", False, False), ([], "", True, False)],
+)
+def test_fp32_on_a_cpu(fastest, train_args, cuda, fp32):
+    assert training.fp32_on_a_cpu(fastest, shlex.split(train_args), cuda) == fp32
+
+
+@pytest.mark.parametrize(
     "arch, train_args, recipe_shares, separate, shared, note",
     [
         ("convs2s_iwslt_de_en", "", True, False, True, "one table for both languages and the output"),
@@ -197,3 +222,24 @@ def test_validation_loss_is_read_from_fairseq_validates_output():
     assert final_model.validation_loss(output) == 4.35
     with pytest.raises(ValueError, match="no validation loss"):
         final_model.validation_loss("Traceback ...")
+
+
+@pytest.mark.parametrize("has_bf16, max_tokens", [(False, "2000"), (True, "4000")])
+def test_multi30ks_half_hour_command_on_a_cpu_with_and_without_bf16(has_bf16, max_tokens, monkeypatch, tmp_path):
+    """The training command Multi30k's ``--time-budget 30`` runs on a CPU: half its batch in fp32, its own in bf16."""
+    import importlib.util
+
+    from recipes import model_stages
+
+    spec = importlib.util.spec_from_file_location("multi30k_run", REPO_ROOT / "examples" / "multi30k" / "run.py")
+    multi30k = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(multi30k)
+    args = pipeline.build_parser(multi30k.RECIPE, "doc").parse_args(["--out", str(tmp_path), "--time-budget", "30"])
+    monkeypatch.setattr(training, "cpu_has_bf16", lambda: has_bf16)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    commands = []
+    monkeypatch.setattr(model_stages, "run", lambda cmd, **kwargs: commands.append([str(c) for c in cmd]))
+    model_stages.train_stage(pipeline.RecipeCommand(multi30k.RECIPE, args, "en", "de"))
+    (command,) = commands
+    assert training.given_value(command, "--max-tokens") == max_tokens  # (fairseq reads the last one)
+    assert ("--bf16" in command) == has_bf16 and float(training.given_value(command, "--stop-time-hours")) == 0.5

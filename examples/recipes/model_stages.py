@@ -38,20 +38,24 @@ def train_stage(r: RecipeCommand) -> None:
     import torch
 
     ckpt.mkdir(parents=True, exist_ok=True)
-    fastest, notes = training.fastest_flags(r.arch, train_args, args.precision, torch.cuda.is_available())
+    cuda = torch.cuda.is_available()
+    fastest, notes = training.fastest_flags(r.arch, train_args, args.precision, cuda)
+    fp32_cpu = training.fp32_on_a_cpu(fastest, train_args, cuda)
+    batch, batch_notes = training.batch_flags(r.recipe.train_flags, train_args, args.time_budget, fp32_cpu)
     separate = r.recipe.share_embeddings and args.separate_embeddings
     model_flags, model_notes = training.embedding_flags(r.arch, train_args, r.recipe.share_embeddings, separate)
     update_budget = args.update_budget
     if update_budget is None and args.time_budget is None:
         update_budget = r.recipe.update_budget
-    for note in [*notes, *model_notes, training.length_note(args.time_budget, update_budget, r.recipe.update_budget)]:
+    notes += [*batch_notes, *model_notes, training.length_note(args.time_budget, update_budget, r.recipe.update_budget)]
+    for note in notes:
         print(f"   {note}")
     budget = args.time_budget is not None or bool(update_budget)
     if budget and training.given_value(train_args, "--max-epoch") not in (None, "0"):
         print("   warning: --max-epoch in --train-args can end training before the budget, unannealed")
     cmd = train_command() + [
         r.bin_dir, "--user-dir", USER_DIR, "--arch", r.recipe.arch, "--source-lang", r.src, "--target-lang", r.tgt,
-        *training.recipe_flags(r.recipe.train_flags, budget),
+        *training.recipe_flags(r.recipe.train_flags, budget), *batch,
         *training.optimization_flags(args.time_budget, update_budget or None), *fastest,
         *model_flags,
         "--save-dir", ckpt, "--keep-last-epochs", max(args.average_last, 1),

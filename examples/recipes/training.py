@@ -64,6 +64,33 @@ def length_note(time_budget: Optional[float], update_budget: Optional[int], reci
     return "length: until validation loss plateaus (the paper's rule: the rate divided by 10 at each, to 1e-4)"
 
 
+def batch_flags(
+    recipe_flags: Sequence[str], given: Sequence[str], time_budget: Optional[float], fp32_cpu: bool
+) -> Tuple[List[str], List[str]]:
+    """Half the recipe's ``--max-tokens`` when a time budget trains on a CPU in fp32 (``fp32_cpu``: no bf16
+    instructions, or ``--precision fp32``), unless ``given`` (``--train-args``) sets it; the flags and a line saying
+    why. Such a CPU makes a fraction of the updates a bf16 CPU makes in the same minutes and stops on the steep part
+    of the curve, where twice the updates of half the size learn more; a bf16 CPU's half hour ends on the flat part,
+    where the batch makes no measurable difference (examples/multi30k/README.md, "On a CPU without bf16
+    instructions" and "Measured and not adopted")."""
+    if given_value(given, "--max-tokens") is not None:
+        return [], [f"batch: --max-tokens {given_value(given, '--max-tokens')} (--train-args)"]
+    tokens = given_value(recipe_flags, "--max-tokens")
+    if time_budget is None or not fp32_cpu or tokens is None or int(tokens) < 2:
+        return [], []
+    half = int(tokens) // 2
+    note = (
+        f"batch: --max-tokens {half}, half the recipe's {tokens} (in fp32 on a CPU the budget buys few updates: "
+        f"twice as many, half the size, learn more)"
+    )
+    return ["--max-tokens", str(half)], [note]
+
+
+def fp32_on_a_cpu(fastest: Sequence[str], given: Sequence[str], cuda: bool) -> bool:
+    """Whether training with the flags ``fastest`` chose and the user's ``given`` runs in fp32 on a CPU."""
+    return not cuda and not any(flag in (*fastest, *given) for flag in _PRECISION_FLAGS)
+
+
 SHARE_ALL = "--share-all-embeddings"
 
 
