@@ -83,13 +83,13 @@ def test_the_fastest_flags_and_why(monkeypatch, arch, train_args, precision, cud
 @pytest.mark.parametrize(
     "train_args, time_budget, fp32_cpu, flags, note",
     [
-        ("", 30, True, ["--max-tokens", "2000"], "batch: --max-tokens 2000, half the recipe's 4000 (in fp32 on a CPU"),
+        ("", 30, True, ["--max-tokens", "1000"], "batch: --max-tokens 1000, a quarter of the recipe's 4000 (in fp32"),
         ("", 30, False, [], None),  # bf16 on a CPU, or a GPU: the recipe's batch
         ("", None, True, [], None),  # no time budget (an update budget): as many updates of the recipe's batch
         ("--max-tokens 3000", 30, True, [], "batch: --max-tokens 3000 (--train-args)"),
     ],
 )
-def test_a_time_budget_in_fp32_on_a_cpu_halves_the_batch(train_args, time_budget, fp32_cpu, flags, note):
+def test_a_time_budget_in_fp32_on_a_cpu_quarters_the_batch(train_args, time_budget, fp32_cpu, flags, note):
     recipe = ["--lr", "0.25", "--max-tokens", "4000"]
     chosen, notes = training.batch_flags(recipe, shlex.split(train_args), time_budget, fp32_cpu)
     assert chosen == flags
@@ -224,9 +224,10 @@ def test_validation_loss_is_read_from_fairseq_validates_output():
         final_model.validation_loss("Traceback ...")
 
 
-@pytest.mark.parametrize("has_bf16, max_tokens", [(False, "2000"), (True, "4000")])
+@pytest.mark.parametrize("has_bf16, max_tokens", [(False, "1000"), (True, "4000")])
 def test_multi30ks_half_hour_command_on_a_cpu_with_and_without_bf16(has_bf16, max_tokens, monkeypatch, tmp_path):
-    """The training command Multi30k's ``--time-budget 30`` runs on a CPU: half its batch in fp32, its own in bf16."""
+    """The training command Multi30k's ``--time-budget 30`` runs on a CPU: a quarter of its batch in fp32, its own in
+    bf16."""
     import importlib.util
 
     from recipes import model_stages

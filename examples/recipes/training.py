@@ -67,23 +67,23 @@ def length_note(time_budget: Optional[float], update_budget: Optional[int], reci
 def batch_flags(
     recipe_flags: Sequence[str], given: Sequence[str], time_budget: Optional[float], fp32_cpu: bool
 ) -> Tuple[List[str], List[str]]:
-    """Half the recipe's ``--max-tokens`` when a time budget trains on a CPU in fp32 (``fp32_cpu``: no bf16
+    """A quarter of the recipe's ``--max-tokens`` when a time budget trains on a CPU in fp32 (``fp32_cpu``: no bf16
     instructions, or ``--precision fp32``), unless ``given`` (``--train-args``) sets it; the flags and a line saying
     why. Such a CPU makes a fraction of the updates a bf16 CPU makes in the same minutes and stops on the steep part
-    of the curve, where twice the updates of half the size learn more; a bf16 CPU's half hour ends on the flat part,
-    where the batch makes no measurable difference (examples/multi30k/README.md, "On a CPU without bf16
-    instructions" and "Measured and not adopted")."""
+    of the curve, where four times the updates of a quarter the size learn more; a bf16 CPU's half hour ends on the
+    flat part, where half the batch made no measurable difference (examples/multi30k/README.md, "On a CPU without
+    bf16 instructions" and "Measured and not adopted")."""
     if given_value(given, "--max-tokens") is not None:
         return [], [f"batch: --max-tokens {given_value(given, '--max-tokens')} (--train-args)"]
     tokens = given_value(recipe_flags, "--max-tokens")
-    if time_budget is None or not fp32_cpu or tokens is None or int(tokens) < 2:
+    if time_budget is None or not fp32_cpu or tokens is None or int(tokens) < 4:
         return [], []
-    half = int(tokens) // 2
+    smaller = int(tokens) // 4
     note = (
-        f"batch: --max-tokens {half}, half the recipe's {tokens} (in fp32 on a CPU the budget buys few updates: "
-        f"twice as many, half the size, learn more)"
+        f"batch: --max-tokens {smaller}, a quarter of the recipe's {tokens} (in fp32 on a CPU the budget buys few "
+        "updates: four times as many, a quarter the size, learn more)"
     )
-    return ["--max-tokens", str(half)], [note]
+    return ["--max-tokens", str(smaller)], [note]
 
 
 def fp32_on_a_cpu(fastest: Sequence[str], given: Sequence[str], cuda: bool) -> bool:
