@@ -44,6 +44,8 @@ def test_under_a_budget_the_recipes_epoch_limit_gives_way_to_no_limit():
     flags = ["--lr", "0.25", "--max-epoch", "40", "--dropout", "0.2", "--max-epoch=30"]
     assert training.recipe_flags(flags, budget=True) == ["--lr", "0.25", "--dropout", "0.2"]
     assert training.recipe_flags(flags, budget=False) == flags
+    chosen = training.recipe_flags(["--max-tokens", "4000", "--lr", "1", "--max-tokens=4000"], False, ["--max-tokens"])
+    assert chosen == ["--lr", "1"]  # (a batch chosen for the device replaces the recipe's)
 
 
 @pytest.mark.parametrize("text", ["0", "-5", "nan", "inf"])
@@ -242,5 +244,5 @@ def test_multi30ks_half_hour_command_on_a_cpu_with_and_without_bf16(has_bf16, ma
     monkeypatch.setattr(model_stages, "run", lambda cmd, **kwargs: commands.append([str(c) for c in cmd]))
     model_stages.train_stage(pipeline.RecipeCommand(multi30k.RECIPE, args, "en", "de"))
     (command,) = commands
-    assert training.given_value(command, "--max-tokens") == max_tokens  # (fairseq reads the last one)
+    assert training.given_value(command, "--max-tokens") == max_tokens and command.count("--max-tokens") == 1
     assert ("--bf16" in command) == has_bf16 and float(training.given_value(command, "--stop-time-hours")) == 0.5

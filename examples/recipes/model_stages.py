@@ -55,7 +55,7 @@ def train_stage(r: RecipeCommand) -> None:
         print("   warning: --max-epoch in --train-args can end training before the budget, unannealed")
     cmd = train_command() + [
         r.bin_dir, "--user-dir", USER_DIR, "--arch", r.recipe.arch, "--source-lang", r.src, "--target-lang", r.tgt,
-        *training.recipe_flags(r.recipe.train_flags, budget), *batch,
+        *training.recipe_flags(r.recipe.train_flags, budget, replaced=batch[::2]), *batch,
         *training.optimization_flags(args.time_budget, update_budget or None), *fastest,
         *model_flags,
         "--save-dir", ckpt, "--keep-last-epochs", max(args.average_last, 1),

@@ -32,19 +32,19 @@ def optimization_flags(time_budget: Optional[float] = None, update_budget: Optio
     return flags
 
 
-def recipe_flags(flags: Sequence[str], budget: bool) -> List[str]:
-    """A recipe's own training flags (``Recipe.train_flags``); under a budget without their epoch limit, which the
-    budget's ``--max-epoch 0`` replaces, so that the command it prints holds one."""
-    if not budget:
-        return list(flags)
+def recipe_flags(flags: Sequence[str], budget: bool, replaced: Sequence[str] = ()) -> List[str]:
+    """A recipe's own training flags (``Recipe.train_flags``) without those the command sets otherwise, so that the
+    command it prints holds each once: under a budget without their epoch limit (the budget's ``--max-epoch 0``
+    replaces it), and without the flags named in ``replaced`` (a batch :func:`batch_flags` chose)."""
+    dropped = {*replaced, *(["--max-epoch"] if budget else [])}
     kept: List[str] = []
     skip = False
     for flag in flags:
         if skip:
             skip = False
-        elif flag == "--max-epoch":
+        elif flag in dropped:
             skip = True
-        elif not flag.startswith("--max-epoch="):
+        elif flag.split("=", 1)[0] not in dropped:
             kept.append(flag)
     return kept
 
