@@ -42,6 +42,7 @@ def train_stage(r: RecipeCommand) -> None:
     fastest, notes = training.fastest_flags(r.arch, train_args, args.precision, cuda)
     fp32_cpu = training.fp32_on_a_cpu(fastest, train_args, cuda)
     batch, batch_notes = training.batch_flags(r.recipe.train_flags, train_args, args.time_budget, fp32_cpu)
+    batch_names = [flag for flag in batch if flag.startswith("--")]  # (they replace the recipe's own)
     separate = r.recipe.share_embeddings and args.separate_embeddings
     model_flags, model_notes = training.embedding_flags(r.arch, train_args, r.recipe.share_embeddings, separate)
     update_budget = args.update_budget
@@ -55,7 +56,7 @@ def train_stage(r: RecipeCommand) -> None:
         print("   warning: --max-epoch in --train-args can end training before the budget, unannealed")
     cmd = train_command() + [
         r.bin_dir, "--user-dir", USER_DIR, "--arch", r.recipe.arch, "--source-lang", r.src, "--target-lang", r.tgt,
-        *training.recipe_flags(r.recipe.train_flags, budget, replaced=batch[::2]), *batch,
+        *training.recipe_flags(r.recipe.train_flags, budget, replaced=batch_names), *batch,
         *training.optimization_flags(args.time_budget, update_budget or None), *fastest,
         *model_flags,
         "--save-dir", ckpt, "--keep-last-epochs", max(args.average_last, 1),

@@ -73,8 +73,9 @@ def batch_flags(
     of the curve, where four times the updates of a quarter the size learn more; a bf16 CPU's half hour ends on the
     flat part, where half the batch made no measurable difference (examples/multi30k/README.md, "On a CPU without
     bf16 instructions" and "Measured and not adopted")."""
-    if given_value(given, "--max-tokens") is not None:
-        return [], [f"batch: --max-tokens {given_value(given, '--max-tokens')} (--train-args)"]
+    chosen_by_user = given_value(given, "--max-tokens")
+    if chosen_by_user is not None:
+        return [], [f"batch: --max-tokens {chosen_by_user} (--train-args)"]
     tokens = given_value(recipe_flags, "--max-tokens")
     if time_budget is None or not fp32_cpu or tokens is None or int(tokens) < 4:
         return [], []
