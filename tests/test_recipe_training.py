@@ -48,6 +48,15 @@ def test_under_a_budget_the_recipes_epoch_limit_gives_way_to_no_limit():
     assert chosen == ["--lr", "1"]  # (a batch chosen for the device replaces the recipe's)
 
 
+def test_a_flag_in_train_args_leaves_the_command_once():
+    """``--train-args`` come last and fairseq reads the last value; the recipe's own value of the flag goes."""
+    recipes = ["data", "--arch", "convs2s_x", "--lr", "0.25", "--cpu", "--max-epoch=40", "--seed", Path("1")]
+    given = shlex.split("--arch fconv_x --lr=0.5 --cpu --max-epoch 3 --no-save")
+    assert training.without_given(recipes, given) == ["data", "--seed", Path("1")]
+    assert training.without_given(recipes, []) == recipes
+    assert training.without(["--cpu", "--bf16", "--lr", "1"], {"--cpu"}) == ["--bf16", "--lr", "1"]  # a switch alone
+
+
 @pytest.mark.parametrize("text", ["0", "-5", "nan", "inf"])
 def test_a_budget_must_be_positive(text):
     with pytest.raises(argparse.ArgumentTypeError):
@@ -226,10 +235,15 @@ def test_validation_loss_is_read_from_fairseq_validates_output():
         final_model.validation_loss("Traceback ...")
 
 
-@pytest.mark.parametrize("has_bf16, max_tokens", [(False, "1000"), (True, "4000")])
-def test_multi30ks_half_hour_command_on_a_cpu_with_and_without_bf16(has_bf16, max_tokens, monkeypatch, tmp_path):
+@pytest.mark.parametrize(
+    "has_bf16, train_args, max_tokens",
+    [(False, "", "1000"), (True, "", "4000"), (False, "--arch fconv_iwslt_de_en --max-tokens=2000 --lr 0.5", "2000")],
+)
+def test_multi30ks_half_hour_command_on_a_cpu_with_and_without_bf16(
+    has_bf16, train_args, max_tokens, monkeypatch, tmp_path
+):
     """The training command Multi30k's ``--time-budget 30`` runs on a CPU: a quarter of its batch in fp32, its own in
-    bf16."""
+    bf16, the user's when ``--train-args`` set it; each flag once."""
     import importlib.util
 
     from recipes import model_stages
@@ -237,12 +251,16 @@ def test_multi30ks_half_hour_command_on_a_cpu_with_and_without_bf16(has_bf16, ma
     spec = importlib.util.spec_from_file_location("multi30k_run", REPO_ROOT / "examples" / "multi30k" / "run.py")
     multi30k = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(multi30k)
-    args = pipeline.build_parser(multi30k.RECIPE, "doc").parse_args(["--out", str(tmp_path), "--time-budget", "30"])
+    args = pipeline.build_parser(multi30k.RECIPE, "doc").parse_args(
+        ["--out", str(tmp_path), "--time-budget", "30", f"--train-args={train_args}"]
+    )
     monkeypatch.setattr(training, "cpu_has_bf16", lambda: has_bf16)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     commands = []
     monkeypatch.setattr(model_stages, "run", lambda cmd, **kwargs: commands.append([str(c) for c in cmd]))
     model_stages.train_stage(pipeline.RecipeCommand(multi30k.RECIPE, args, "en", "de"))
     (command,) = commands
-    assert training.given_value(command, "--max-tokens") == max_tokens and command.count("--max-tokens") == 1
+    assert training.given_value(command, "--max-tokens") == max_tokens
+    names = [flag.split("=", 1)[0] for flag in command if flag.startswith("--")]
+    assert sorted(names) == sorted(set(names))  # (each flag once)
     assert ("--bf16" in command) == has_bf16 and float(training.given_value(command, "--stop-time-hours")) == 0.5

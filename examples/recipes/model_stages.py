@@ -54,15 +54,16 @@ def train_stage(r: RecipeCommand) -> None:
     budget = args.time_budget is not None or bool(update_budget)
     if budget and training.given_value(train_args, "--max-epoch") not in (None, "0"):
         print("   warning: --max-epoch in --train-args can end training before the budget, unannealed")
-    cmd = train_command() + [
+    recipes = [
         r.bin_dir, "--user-dir", USER_DIR, "--arch", r.recipe.arch, "--source-lang", r.src, "--target-lang", r.tgt,
         *training.recipe_flags(r.recipe.train_flags, budget, replaced=batch_names), *batch,
         *training.optimization_flags(args.time_budget, update_budget or None), *fastest,
         *model_flags,
         "--save-dir", ckpt, "--keep-last-epochs", max(args.average_last, 1),
         "--skip-invalid-size-inputs-valid-test", "--log-format", "simple", "--log-interval", "100",
-        "--seed", "1", *device_flags(), *train_args,
+        "--seed", "1", *device_flags(),
     ]  # fmt: skip
+    cmd = train_command() + training.without_given(recipes, train_args) + train_args  # (one of each flag: the user's)
     r.settings.record("train", r.made_with["train"])  # (at the start: an interrupted training resumes as it)
     log = r.out / "train.log"
     resuming = (ckpt / "checkpoint_last.pt").exists()
@@ -109,14 +110,17 @@ def test_stage(r: RecipeCommand, index: int, model: Path) -> str:
     # file names carry the checkpoint, so --checkpoint best after --checkpoint avg generates again
     tag = f"{eval_set.name}.{args.checkpoint}"
     generated, hyp_file, score_file = r.out / f"generate-{tag}.txt", r.out / f"{tag}.hyp", r.out / f"score-{tag}.txt"
-    if stage(f"6/7 fairseq-generate --beam 5 on {eval_set.name} ({model.name})", generated):
-        cmd = fairseq("generate") + [
+    given = shlex.split(args.generate_args)
+    beam = training.given_value(given, "--beam") or "5"
+    if stage(f"6/7 fairseq-generate --beam {beam} on {eval_set.name} ({model.name})", generated):
+        recipes = [
             r.bin_dir, "--user-dir", USER_DIR, "--path", model, "--source-lang", r.src, "--target-lang", r.tgt,
             "--gen-subset", r.subset(index), "--beam", "5", "--min-len", eval_set.min_len, "--batch-size", "64",
             "--remove-bpe", "sentencepiece",
             "--required-batch-size-multiple", "1",  # else fairseq may drop the last sentences (issue 5036)
-            *r.recipe.generate_flags, *device_flags(), *shlex.split(args.generate_args),
+            *r.recipe.generate_flags, *device_flags(),
         ]  # fmt: skip
+        cmd = fairseq("generate") + training.without_given(recipes, given) + given
         # the per-sentence S-/T-/H-/D-/P- lines go to the file only
         partial = generated.with_name(generated.name + ".partial")
         r.timed(f"generate {eval_set.name}", run, cmd, log=partial, quiet=("S-", "T-", "H-", "D-", "P-"), lock=r.lock)

@@ -4,7 +4,7 @@ reason; a flag the user gives in ``--train-args`` wins over the choice.
 """
 
 import argparse
-from typing import List, Optional, Sequence, Tuple
+from typing import Collection, List, Optional, Sequence, Tuple
 
 # The paper's optimization (section 4.2-4.3): Nesterov momentum 0.99, gradient norm clipped at 0.1, the learning
 # rate divided by 10 whenever validation loss stops improving, until it falls below 1e-4; fairseq's recipes add
@@ -36,16 +36,29 @@ def recipe_flags(flags: Sequence[str], budget: bool, replaced: Sequence[str] = (
     """A recipe's own training flags (``Recipe.train_flags``) without those the command sets otherwise, so that the
     command it prints holds each once: under a budget without their epoch limit (the budget's ``--max-epoch 0``
     replaces it), and without the flags named in ``replaced`` (a batch :func:`batch_flags` chose)."""
-    dropped = {*replaced, *(["--max-epoch"] if budget else [])}
-    kept: List[str] = []
+    return without(flags, {*replaced, *(["--max-epoch"] if budget else [])})
+
+
+def without_given(flags: Sequence, given: Sequence[str]) -> List:
+    """The flags the recipe puts before ``given`` (``--train-args``) without each that ``given`` sets again: fairseq
+    reads the last, the user's, and the printed command holds that one only."""
+    return without(flags, {str(flag).split("=", 1)[0] for flag in given if str(flag).startswith("--")})
+
+
+def without(flags: Sequence, names: Collection[str]) -> List:
+    """``flags`` without the flags called ``names``, each with its value (``--name value`` or ``--name=value``; a
+    flag followed by another flag has none)."""
+    kept: List = []
     skip = False
-    for flag in flags:
+    for i, flag in enumerate(flags):
         if skip:
             skip = False
-        elif flag in dropped:
-            skip = True
-        elif flag.split("=", 1)[0] not in dropped:
+            continue
+        name, eq, _ = str(flag).partition("=")
+        if name not in names:
             kept.append(flag)
+        elif not eq:  # (its value is the next item, unless that is a flag: a switch such as --cpu has none)
+            skip = i + 1 < len(flags) and not str(flags[i + 1]).startswith("--")
     return kept
 
 
