@@ -477,7 +477,7 @@ def vocabulary_step_seconds(sample, out_embed_dim: int, vocab: int, pad: int, re
     vocabulary projection, the label-smoothed loss, forward and backward, on features of the decoder output's
     shape: through the log-softmax (``stock``), fused from the logits (``fused``), and, on a CPU in fp32,
     projection and loss a chunk of rows at a time (``projected``, what the fused criterion runs there). The
-    logits' product is the model's (``training_linear``). Any implementation of the body pays
+    logits' product is the model's (``training_linear``: oneDNN on a CPU). Any implementation of the body pays
     this part; it bounds the training speed-up."""
     target = sample["target"].view(-1)
     features = torch.randn(target.numel(), out_embed_dim, device=device, requires_grad=True)  # B*T x out_embed

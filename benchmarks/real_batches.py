@@ -11,9 +11,7 @@ size, clip 0.1, NAG 0.99) for:
 - ``convs2s-fused-all``: with ``fused_label_smoothed_cross_entropy``, every position projected to the vocabulary
   and the loss taken from those stored logits (what the criterion did before ``output_rows``);
 - ``convs2s-fused``: with ``fused_label_smoothed_cross_entropy`` as it runs, the target's non-padding positions
-  alone projected (``output_rows``), on a CPU in fp32 projected and scored a chunk of rows at a time;
-- ``convs2s-fused-other-products``: the same with the fp32 training products of the other kind of CPU
-  (``modules/training_products.py``, ``onednn_trains``): through oneDNN on an AVX2 CPU, MKL's on an AVX-512 one.
+  alone projected (``output_rows``), on a CPU in fp32 projected and scored a chunk of rows at a time.
 
 Unlike the harness's 64 equal-length sentences, these batches carry the padding that length-bucketed real data
 has (printed). Each variant trains its own copy of the same weights; the passes alternate (the order flipping
@@ -39,7 +37,6 @@ from fairseq.optim.nag import FairseqNAG
 
 from fairseq_convs2s.criterions import fused_label_smoothed
 from fairseq_convs2s.criterions.fused_label_smoothed import FusedLabelSmoothedCrossEntropyCriterion
-from fairseq_convs2s.modules import training_products
 from fairseq_convs2s.train import keep_freed_memory
 
 from . import measure
@@ -93,14 +90,6 @@ def _all_positions():
         yield
 
 
-@contextlib.contextmanager
-def _other_products():
-    """The fp32 training products this CPU does not take: oneDNN's where it keeps MKL's, and the reverse."""
-    other = not training_products.FP32_ONEDNN_TRAINING
-    with mock.patch.object(training_products, "FP32_ONEDNN_TRAINING", other):
-        yield
-
-
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("data_bin", type=data_bin)
@@ -135,10 +124,9 @@ def main(argv=None) -> None:
         "fconv": Update(fconv, stock),
         "convs2s": Update(copy.deepcopy(convs2s), stock),
         "convs2s-fused-all": Update(copy.deepcopy(convs2s), fused),
-        "convs2s-fused-other-products": Update(copy.deepcopy(convs2s), fused),
         "convs2s-fused": Update(convs2s, fused),
     }
-    contexts = {"convs2s-fused-all": _all_positions, "convs2s-fused-other-products": _other_products}
+    contexts = {"convs2s-fused-all": _all_positions}
     if args.profile:
         for name in ("fconv", "convs2s-fused"):
             for sample in samples:  # warm-up: the first pass over the batches
@@ -167,8 +155,6 @@ def main(argv=None) -> None:
         rows.append({"variant": name, "seconds": s, "words_per_s": words / s, "over_fconv": seconds["fconv"] / s})
         print(f"| `{name}` | {s:.2f} | {words / s:,.0f} | {seconds['fconv'] / s:.2f}x |")
     print(f"convs2s-fused over convs2s-fused-all: {seconds['convs2s-fused-all'] / seconds['convs2s-fused']:.3f}x")
-    other = seconds["convs2s-fused-other-products"] / seconds["convs2s-fused"]
-    print(f"convs2s-fused over convs2s-fused-other-products: {other:.3f}x")
     print(
         "first pass, largest loss difference from fconv's (equal with --dropout 0; dropout draws differ): "
         + ", ".join(f"{n} {max(abs(a - b) for a, b in zip(losses[n], losses['fconv'])):.2g}" for n in losses)

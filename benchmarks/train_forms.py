@@ -7,9 +7,7 @@ and with, in turn:
   fused criterion's vocabulary projection by its plain ``addmm`` / ``mm``, instead of the products whose forward
   and input gradient run through oneDNN (``modules/training_products.py``, ``criterions/label_smoothed_loss.py``);
 - ``conv-tbc``: the convolutions by ``conv_tbc`` (an MKL product per kernel tap, what fconv runs), instead of
-  one oneDNN product over the k shifted inputs side by side (``Im2colConvTBC``); on an AVX2 CPU in fp32 the
-  unchanged update already runs MKL's products and ``conv_tbc`` (``onednn_trains``), so these two change nothing
-  there (``benchmarks.real_batches``' ``convs2s-fused-other-products`` measures the other way);
+  one oneDNN product over the k shifted inputs side by side (``Im2colConvTBC``);
 - ``fairseq-loss``: fairseq's ``label_smoothed_cross_entropy`` loss through the log-softmax, instead of the
   plugin's ``fused_label_smoothed_cross_entropy`` (the unchanged update uses the fused criterion);
 - ``logits-loss``: the fused criterion's loss from the N x V logits the projection writes (in one pass), instead
@@ -52,7 +50,7 @@ def mkl_linears(step):
     with contextlib.ExitStack() as patches:
         for module in (weight_norm, embedding):
             patches.enter_context(_patched(module, "training_linear", F.linear))
-        patches.enter_context(_patched(label_smoothed_loss, "onednn_trains", lambda *args, **kwargs: False))
+        patches.enter_context(_patched(label_smoothed_loss, "onednn_pays", lambda *args, **kwargs: False))
         yield
 
 

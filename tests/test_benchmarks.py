@@ -26,7 +26,6 @@ from benchmarks.train_forms import main as train_forms_main
 from benchmarks.train_forms import torch_compile
 from convs2s_runtime import products
 from fairseq_convs2s.criterions import sequence_risk
-from fairseq_convs2s.modules import training_products
 from fairseq_convs2s.modules.training_products import training_linear
 from fairseq_convs2s.modules.weight_norm import WeightNorm
 
@@ -60,15 +59,13 @@ def test_count_flops_counts_a_linear_once():
     assert flops == 3 * 2 * 6 * 8 * 5
 
 
-def test_count_flops_counts_the_onednn_training_linear(monkeypatch):
-    # the large linears train through oneDNN's product (on an AVX2 CPU in bf16 only: made to here in fp32), which
-    # torch's counter does not know either: forward and input gradient by oneDNN, weight gradient by MKL, three
-    # products in all like F.linear
-    monkeypatch.setattr(training_products, "FP32_ONEDNN_TRAINING", True)
+def test_count_flops_counts_the_onednn_training_linear():
+    # the large linears train through oneDNN's product, which torch's counter does not know either: forward and
+    # input gradient by oneDNN, weight gradient by MKL, three products in all like F.linear
     x = torch.randn(64, 512, requires_grad=True)
     weight = torch.randn(1024, 512, requires_grad=True)
     bias = torch.zeros(1024, requires_grad=True)
-    assert training_products.onednn_trains(x, 512 * 1024) == torch.backends.mkldnn.is_available()
+    assert products.onednn_pays(x, 512 * 1024) == torch.backends.mkldnn.is_available()
     flops = count_flops(lambda: training_linear(x, weight, bias).sum().backward())
     assert flops == 3 * 2 * 64 * 512 * 1024
 
@@ -157,7 +154,7 @@ def test_train_forms_refuses_cpu_only_variants_on_a_gpu(capsys, monkeypatch):
     assert "on a GPU only fairseq-loss, torch-compile apply" in capsys.readouterr().err
 
 
-def test_real_batches_times_the_five_variants_from_equal_weights(tmp_path, capsys):
+def test_real_batches_times_the_four_variants_from_equal_weights(tmp_path, capsys):
     """``benchmarks.real_batches`` on a generated corpus: fairseq's batches (with their padding), every variant
     trained from the same weights, and without dropout the same losses as fconv's, the row-selecting fused
     criterion included."""
@@ -169,8 +166,7 @@ def test_real_batches_times_the_five_variants_from_equal_weights(tmp_path, capsy
         + ["--default-malloc", "--threads", "0", "--out", str(out)]
     )
     result = json.loads(out.read_text())
-    variants = ["fconv", "convs2s", "convs2s-fused-all", "convs2s-fused-other-products", "convs2s-fused"]
-    assert [row["variant"] for row in result["rows"]] == variants
+    assert [row["variant"] for row in result["rows"]] == ["fconv", "convs2s", "convs2s-fused-all", "convs2s-fused"]
     assert result["batches"] == 2 and result["target_tokens"] < result["target_positions"]  # padded batches
     losses = result["first_pass_losses"]
     assert len(losses["fconv"]) == 2
@@ -497,13 +493,13 @@ def test_machine_line_names_torch_the_commit_and_the_malloc_setting():
         ),
         (
             "against_revision",
-            ["no-such-rev", "criterions.label_smoothed_loss:onednn_linear"],
+            ["no-such-rev", "criterions.label_smoothed_loss:onednn_pays"],
             "argument revision: 'no-such-rev': not a commit of this repository",
         ),
         ("against_revision", ["HEAD", "nosuch:f"], "argument what: no module fairseq_convs2s.nosuch"),
         (
             "against_revision",
-            ["HEAD", "criterions.label_smoothed_loss:onednn_linear,_ProjectedLabelSmoothed.nosuch"],
+            ["HEAD", "criterions.label_smoothed_loss:onednn_pays,_ProjectedLabelSmoothed.nosuch"],
             "argument what: fairseq_convs2s.criterions.label_smoothed_loss has no _ProjectedLabelSmoothed.nosuch, "
             "now or at HEAD",
         ),

@@ -140,7 +140,7 @@ def test_projected_loss_equals_the_loss_of_the_logits(chunk_rows, onednn, bias, 
     """Projection and loss a chunk of rows at a time: the loss, NLL and argmax hits of the logits x W^T + b, and
     the gradients of x, W and b that backpropagating through the logits gives, scaled by the loss's gradient."""
     monkeypatch.setattr(label_smoothed_loss, "PROJECTED_CHUNK_ROWS", chunk_rows)
-    monkeypatch.setattr(label_smoothed_loss, "onednn_trains", lambda x, weight_size: onednn)
+    monkeypatch.setattr(label_smoothed_loss, "onednn_pays", lambda x, weight_size: onednn)
     torch.manual_seed(3)
     n, d, vocab = 37, 16, 50
     inputs = [torch.randn(n, d), torch.randn(vocab, d) * 0.5, torch.randn(vocab) if bias else None]

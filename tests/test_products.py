@@ -7,7 +7,6 @@ import torch.nn.functional as F
 
 from convs2s_runtime import products
 from convs2s_runtime.products import ONEDNN_MIN_MACS, Product
-from fairseq_convs2s.modules import training_products
 from fairseq_convs2s.modules.training_products import Im2colConvTBC, im2col_pays
 from fairseq_convs2s.modules.weight_norm import WeightNormConvTBC, WeightNormLinear
 
@@ -43,37 +42,10 @@ def test_a_bf16_product_works_on_any_cpu():
     assert products.onednn_pays(x, 512 * 1024) == onednn
     steps = torch.randn(64, 4, 128).bfloat16()  # (the training convolution's choice follows: 3 x 128 x 1024 weight)
     assert im2col_pays(steps, torch.randn(3, 128, 1024).bfloat16()) == onednn
-    fp32_onednn = torch.backends.mkldnn.is_available() and training_products.FP32_ONEDNN_TRAINING
-    assert im2col_pays(steps.float(), torch.randn(3, 128, 1024)) == fp32_onednn
+    assert im2col_pays(steps.float(), torch.randn(3, 128, 1024)) == torch.backends.mkldnn.is_available()
 
 
-@pytest.fixture
-def fp32_onednn_training(monkeypatch):
-    """fp32 training products through oneDNN, as on a CPU with AVX-512, whatever this CPU is."""
-    monkeypatch.setattr(training_products, "FP32_ONEDNN_TRAINING", True)
-
-
-@pytest.fixture
-def fp32_mkl_training(monkeypatch):
-    """fp32 training products by MKL, as on an AVX2 CPU, whatever this CPU is."""
-    monkeypatch.setattr(training_products, "FP32_ONEDNN_TRAINING", False)
-
-
-def test_on_an_avx2_cpu_fp32_training_keeps_mkls_products(fp32_mkl_training, im2col_calls):
-    """On an AVX2 CPU oneDNN's fp32 products trained slower than MKL's: a large training linear and convolution
-    in fp32 take F.linear and conv_tbc there; bf16 ones still go through oneDNN where it has them."""
-    x = torch.randn(64, 512)
-    assert not training_products.onednn_trains(x, 512 * 1024)
-    assert training_products.onednn_trains(x.bfloat16(), 512 * 1024) == products.onednn_pays(x.bfloat16(), 512 * 1024)
-    layer = WeightNormLinear(512, 1024, std=0.05)
-    out = layer(x.requires_grad_())
-    assert not out.grad_fn.next_functions[0][0].name().startswith("OneDNNLinear")
-    conv = WeightNormConvTBC(256, 512, 3, std=0.05)
-    conv(torch.randn(26, 8, 256), padding=(2, 0))  # over both size thresholds
-    assert im2col_calls == []
-
-
-def test_training_linear_through_onednn_has_the_gradients_of_f_linear(fp32_onednn_training):
+def test_training_linear_through_onednn_has_the_gradients_of_f_linear():
     """A large training product (64 x 512 x 1024) runs through oneDNN's autograd product; its output and the
     gradients of x, g, v and b equal those of F.linear on the same weight."""
     layer = WeightNormLinear(512, 1024, std=0.05)
@@ -126,7 +98,7 @@ def test_im2col_convolution_equals_conv_tbc_with_gradients(steps, kernel, left, 
 
 
 @needs_onednn
-def test_training_convolution_takes_the_im2col_product_where_onednn_pays(fp32_onednn_training, im2col_calls):
+def test_training_convolution_takes_the_im2col_product_where_onednn_pays(im2col_calls):
     """In training a wide enough convolution runs as the im2col product (the same values as conv_tbc); with
     gradients off, or under the size thresholds, conv_tbc."""
     calls = im2col_calls
@@ -143,9 +115,7 @@ def test_training_convolution_takes_the_im2col_product_where_onednn_pays(fp32_on
 
 
 @needs_onednn
-def test_a_training_update_through_the_im2col_convolution_equals_conv_tbcs(
-    monkeypatch, fp32_onednn_training, im2col_calls
-):
+def test_a_training_update_through_the_im2col_convolution_equals_conv_tbcs(monkeypatch, im2col_calls):
     """A tiny model with the oneDNN thresholds lowered trains through the im2col convolutions (encoder and causal
     decoder blocks): the same loss and parameter gradients as through conv_tbc."""
     from utils import build_model, make_dictionary, random_batch

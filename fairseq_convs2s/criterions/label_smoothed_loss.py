@@ -20,9 +20,7 @@ from typing import NamedTuple, Optional, Tuple
 import torch
 from torch import Tensor
 
-from convs2s_runtime.products import is_compiling, onednn_linear, pack_for_onednn
-
-from ..modules.training_products import onednn_trains
+from convs2s_runtime.products import is_compiling, onednn_linear, onednn_pays, pack_for_onednn
 
 # rows per chunk: about this many bytes of fp32 logits, so a chunk's few passes stay in the cache
 CHUNK_BYTES = 1 << 20
@@ -225,7 +223,7 @@ class _ProjectedLabelSmoothed(torch.autograd.Function):
         keep = target.ne(ignore_index)  # N
         target = target.clamp(min=0).unsqueeze(1)  # N x 1 (an ignored row may hold a negative index)
         with_grad = any(ctx.needs_input_grad[:3])
-        onednn = onednn_trains(x, weight.numel())
+        onednn = onednn_pays(x, weight.numel())
         if onednn:  # W packed once for all the chunks
             w_forward = pack_for_onednn(weight)
             # the input gradient's weight, W^T, as a view: oneDNN reads it in place, faster than W^T copied and

@@ -24,7 +24,7 @@ class TokenEmbedding(nn.Embedding):
 class TiedOutputProjection(nn.Module):
     """The output matrix ``W_o`` that is a lookup table (``--share-input-output-embed``, ``--share-all-embeddings``):
     ``y = x W^T + b``, W the table's own parameter, with no weight normalization (none on lookup tables, 3.5). In
-    training its product runs as the other large linears' do (``training_linear``)."""
+    training its product runs as the other large linears' do (``training_linear``: oneDNN on a CPU)."""
 
     def __init__(self, table: nn.Embedding):
         super().__init__()

@@ -1,30 +1,14 @@
 """The products of a training update on a CPU through oneDNN: large linears (the vocabulary projection above all),
 and each convolution as one product over its shifted inputs (im2col). Forward and input gradient run through
-oneDNN; the sums are those of ``F.linear`` and ``conv_tbc``, in another order.
+oneDNN; the sums are those of ``F.linear`` and ``conv_tbc``, in another order."""
 
-Where they run: :func:`onednn_trains`. On a CPU with AVX-512, and in bf16 wherever oneDNN has it, the oneDNN forms
-made training faster; on an AVX2 CPU their fp32 products ran slower than MKL's on a corpus's own small batches,
-so fp32 training there keeps fconv's products (BENCHMARKS.md, "On a corpus's own batches").
-"""
-
-from typing import List, Optional, Tuple
+from typing import List, Tuple
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
 from convs2s_runtime.products import onednn_linear, onednn_pays
-
-# ATen's vector instruction level: "AVX512" on CPUs with AVX-512, AMX ones included; "AVX2" on AMD Zen 3 and
-# older x86 CPUs (ATEN_CPU_CAPABILITY=avx2 lowers it); other CPUs (not measured) keep the oneDNN forms
-FP32_ONEDNN_TRAINING = torch.backends.cpu.get_cpu_capability() != "AVX2"
-
-
-def onednn_trains(x: Tensor, weight_size: int, rows: Optional[int] = None) -> bool:
-    """Whether a training product of ``x`` (N x in, or ``rows`` rows of it) and a weight of ``weight_size`` entries
-    runs through oneDNN: where a product pays there (:func:`~convs2s_runtime.products.onednn_pays`), in fp32 only
-    on a CPU beyond AVX2."""
-    return onednn_pays(x, weight_size, rows) and (x.dtype != torch.float32 or FP32_ONEDNN_TRAINING)
 
 
 class OneDNNLinear(torch.autograd.Function):
@@ -94,8 +78,8 @@ class Im2colConvTBC(torch.autograd.Function):
 
 def im2col_pays(x: Tensor, weight: Tensor) -> bool:
     """x: T x B x in, weight: k x in x out. The training convolution as one oneDNN product where its linear
-    would go through oneDNN (:func:`onednn_trains`)."""
-    return onednn_trains(x, weight.numel(), rows=x.size(0) * x.size(1))
+    would go through oneDNN (a CPU, fp32 or bf16, a large enough product)."""
+    return onednn_pays(x, weight.numel(), rows=x.size(0) * x.size(1))
 
 
 def _tap_slices(length: int, k: int, left: int, steps: int) -> List[Tuple[int, slice, slice]]:
@@ -118,8 +102,7 @@ def _im2col(x: Tensor, k: int, left: int, steps: int) -> Tensor:
 
 
 def training_linear(x: Tensor, weight: Tensor, bias: Tensor) -> Tensor:
-    """``F.linear`` with gradients; x: N x in -> N x out. Large products on the CPU through oneDNN
-    (:func:`onednn_trains`)."""
-    if onednn_trains(x, x.size(1) * weight.size(0)):
+    """``F.linear`` with gradients; x: N x in -> N x out. Large products on the CPU through oneDNN."""
+    if onednn_pays(x, x.size(1) * weight.size(0)):
         return OneDNNLinear.apply(x, weight, bias)
     return F.linear(x, weight, bias)

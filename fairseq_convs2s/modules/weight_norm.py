@@ -139,7 +139,7 @@ class WeightNormConvTBC(WeightNorm):
     The kernel is stored as ``k x in x out`` (fconv's ConvTBC layout) and normalized per output channel. The
     input is zero-padded by the ``(left, right)`` steps the caller asks for: the encoder's both sides, the
     decoder's ``k - 1`` on the left. In training on a CPU the convolution is one oneDNN product over the
-    shifted inputs (``Im2colConvTBC``) where oneDNN trains faster (``onednn_trains``), elsewhere ``conv_tbc``.
+    shifted inputs (``Im2colConvTBC``), elsewhere ``conv_tbc``.
     """
 
     norm_dims = (0, 1)
