@@ -40,8 +40,8 @@ def recipe_flags(flags: Sequence[str], budget: bool, replaced: Sequence[str] = (
 
 
 def without_given(flags: Sequence, given: Sequence[str]) -> List:
-    """The flags the recipe puts before ``given`` (``--train-args``) without each that ``given`` sets again: fairseq
-    reads the last, the user's, and the printed command holds that one only."""
+    """The flags the recipe puts before ``given`` (``--train-args`` or ``--generate-args``) without each that
+    ``given`` sets again: fairseq reads the last, the user's, and the printed command holds that one only."""
     return without(flags, {str(flag).split("=", 1)[0] for flag in given if str(flag).startswith("--")})
 
 
