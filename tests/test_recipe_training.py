@@ -42,18 +42,19 @@ def test_budgets_become_the_budget_schedule_and_fairseqs_stopping_flags():
 def test_under_a_budget_the_recipes_epoch_limit_gives_way_to_no_limit():
     """Multi30k's --max-epoch 40 (for the plateau rule) stood in the budget's command before its --max-epoch 0."""
     flags = ["--lr", "0.25", "--max-epoch", "40", "--dropout", "0.2", "--max-epoch=30"]
-    assert training.recipe_flags(flags, budget=True) == ["--lr", "0.25", "--dropout", "0.2"]
-    assert training.recipe_flags(flags, budget=False) == flags
-    chosen = training.recipe_flags(["--max-tokens", "4000", "--lr", "1", "--max-tokens=4000"], False, ["--max-tokens"])
-    assert chosen == ["--lr", "1"]  # (a batch chosen for the device replaces the recipe's)
+    budget, plateau = training.optimization_flags(time_budget=30), training.optimization_flags()
+    assert training.later_wins(flags, budget) == ["--lr", "0.25", "--dropout", "0.2", *budget]
+    assert training.later_wins(flags, plateau) == flags + plateau
+    chosen = training.later_wins(["--max-tokens", "4000", "--lr", "1", "--max-tokens=4000"], ["--max-tokens", "1000"])
+    assert chosen == ["--lr", "1", "--max-tokens", "1000"]  # (a batch chosen for the device replaces the recipe's)
 
 
 def test_a_flag_in_train_args_leaves_the_command_once():
     """``--train-args`` come last and fairseq reads the last value; the recipe's own value of the flag goes."""
     recipes = ["data", "--arch", "convs2s_x", "--lr", "0.25", "--cpu", "--max-epoch=40", "--seed", Path("1")]
     given = shlex.split("--arch fconv_x --lr=0.5 --cpu --max-epoch 3 --no-save")
-    assert training.without_given(recipes, given) == ["data", "--seed", Path("1")]
-    assert training.without_given(recipes, []) == recipes
+    assert training.later_wins(recipes, given) == ["data", "--seed", Path("1"), *given]
+    assert training.later_wins(recipes, []) == recipes
     assert training.without(["--cpu", "--bf16", "--lr", "1"], {"--cpu"}) == ["--bf16", "--lr", "1"]  # a switch alone
 
 

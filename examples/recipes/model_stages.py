@@ -42,7 +42,6 @@ def train_stage(r: RecipeCommand) -> None:
     fastest, notes = training.fastest_flags(r.arch, train_args, args.precision, cuda)
     fp32_cpu = training.fp32_on_a_cpu(fastest, train_args, cuda)
     batch, batch_notes = training.batch_flags(r.recipe.train_flags, train_args, args.time_budget, fp32_cpu)
-    batch_names = [flag for flag in batch if flag.startswith("--")]  # (they replace the recipe's own)
     separate = r.recipe.share_embeddings and args.separate_embeddings
     model_flags, model_notes = training.embedding_flags(r.arch, train_args, r.recipe.share_embeddings, separate)
     update_budget = args.update_budget
@@ -56,14 +55,15 @@ def train_stage(r: RecipeCommand) -> None:
         print("   warning: --max-epoch in --train-args can end training before the budget, unannealed")
     recipes = [
         r.bin_dir, "--user-dir", USER_DIR, "--arch", r.recipe.arch, "--source-lang", r.src, "--target-lang", r.tgt,
-        *training.recipe_flags(r.recipe.train_flags, budget, replaced=batch_names), *batch,
-        *training.optimization_flags(args.time_budget, update_budget or None), *fastest,
-        *model_flags,
+        *r.recipe.train_flags,
+    ]  # fmt: skip
+    chosen = [  # (a budget's --max-epoch 0 replaces the recipe's epoch limit, a chosen batch its --max-tokens)
+        *batch, *training.optimization_flags(args.time_budget, update_budget or None), *fastest, *model_flags,
         "--save-dir", ckpt, "--keep-last-epochs", max(args.average_last, 1),
         "--skip-invalid-size-inputs-valid-test", "--log-format", "simple", "--log-interval", "100",
         "--seed", "1", *device_flags(),
     ]  # fmt: skip
-    cmd = train_command() + training.without_given(recipes, train_args) + train_args  # (one of each flag: the user's)
+    cmd = train_command() + training.later_wins(recipes, chosen, train_args)
     r.settings.record("train", r.made_with["train"])  # (at the start: an interrupted training resumes as it)
     log = r.out / "train.log"
     resuming = (ckpt / "checkpoint_last.pt").exists()
@@ -120,7 +120,7 @@ def test_stage(r: RecipeCommand, index: int, model: Path) -> str:
             "--required-batch-size-multiple", "1",  # else fairseq may drop the last sentences (issue 5036)
             *r.recipe.generate_flags, *device_flags(),
         ]  # fmt: skip
-        cmd = fairseq("generate") + training.without_given(recipes, given) + given
+        cmd = fairseq("generate") + training.later_wins(recipes, given)
         # the per-sentence S-/T-/H-/D-/P- lines go to the file only
         partial = generated.with_name(generated.name + ".partial")
         r.timed(f"generate {eval_set.name}", run, cmd, log=partial, quiet=("S-", "T-", "H-", "D-", "P-"), lock=r.lock)

@@ -32,17 +32,15 @@ def optimization_flags(time_budget: Optional[float] = None, update_budget: Optio
     return flags
 
 
-def recipe_flags(flags: Sequence[str], budget: bool, replaced: Sequence[str] = ()) -> List[str]:
-    """A recipe's own training flags (``Recipe.train_flags``) without those the command sets otherwise, so that the
-    command it prints holds each once: under a budget without their epoch limit (the budget's ``--max-epoch 0``
-    replaces it), and without the flags named in ``replaced`` (a batch :func:`batch_flags` chose)."""
-    return without(flags, {*replaced, *(["--max-epoch"] if budget else [])})
-
-
-def without_given(flags: Sequence, given: Sequence[str]) -> List:
-    """The flags the recipe puts before ``given`` (``--train-args`` or ``--generate-args``) without each that
-    ``given`` sets again: fairseq reads the last, the user's, and the printed command holds that one only."""
-    return without(flags, {str(flag).split("=", 1)[0] for flag in given if str(flag).startswith("--")})
+def later_wins(*parts: Sequence) -> List:
+    """The parts of a command in order, each without the flags a later part sets again (the recipe's own flags, then
+    the batch and schedule it chose, then ``--train-args`` or ``--generate-args``): fairseq reads a flag's last
+    value, and the printed command holds that one only."""
+    command: List = []
+    for i, part in enumerate(parts):
+        later = {str(flag).split("=", 1)[0] for rest in parts[i + 1 :] for flag in rest if str(flag).startswith("--")}
+        command += without(part, later)
+    return command
 
 
 def without(flags: Sequence, names: Collection[str]) -> List:
