@@ -13,6 +13,11 @@ fconv's speed: the issue's training target. Unlike ``torch.profiler`` (``benchma
 overhead outside the timed calls, not to them. Each model's products are listed by operand shapes too
 (``--products``, the slowest first), with their FLOPs and the share of the peak each reaches: which products run
 below the matmul's pace.
+
+``--data DATA_BIN [--max-tokens 1000] [--batches 8]`` takes a corpus's own batches instead (``real_batches``: the
+first of fairseq-train's epoch-1 batches, padding and all, and the pair built over its dictionaries): a run is then
+one update on each batch in turn, every figure is per update (the pass's divided by ``--batches``), and the
+products are listed by operator alone, their shapes changing from batch to batch.
 """
 
 import argparse
@@ -26,8 +31,9 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from fairseq_convs2s.train import keep_freed_memory
 
 from . import measure
-from .arguments import positive_int, size_names
-from .pair import SIZES
+from .arguments import data_bin, positive_int, size_names
+from .pair import SIZES, build_pair
+from .real_batches import load_batches
 
 # the matrix products of an update: torch's and oneDNN's, conv_tbc (fconv's convolutions) and its backward
 PRODUCTS = frozenset(
@@ -69,10 +75,16 @@ class OperatorTimer(TorchDispatchMode):
         products = sum(s for name, s in self.seconds.items() if name in PRODUCTS)
         return {"products": products, "other": sum(self.seconds.values()) - products}
 
-    def product_rows(self, runs: int) -> List[Dict[str, object]]:
-        """Per product and operand shapes, slowest first: calls, seconds and FLOPs per run, and GFLOP/s."""
+    def product_rows(self, runs: int, by_shape: bool = True) -> List[Dict[str, object]]:
+        """Per product and operand shapes (or, without ``by_shape``, per product alone, its shapes ``()``),
+        slowest first: calls, seconds and FLOPs per run, and GFLOP/s."""
+        products = self.products
+        if not by_shape:
+            products = defaultdict(lambda: [0.0, 0, 0])
+            for (name, _), entry in self.products.items():
+                products[(name, ())] = [a + b for a, b in zip(products[(name, ())], entry)]
         rows = []
-        for (name, shapes), (seconds, calls, flops) in self.products.items():
+        for (name, shapes), (seconds, calls, flops) in products.items():
             rate = flops / seconds / 1e9 if seconds else 0.0
             rows.append(
                 {
@@ -87,21 +99,62 @@ class OperatorTimer(TorchDispatchMode):
         return sorted(rows, key=lambda r: -r["seconds"])
 
 
-def split_update(step, runs: int, operators: int = 8) -> Dict[str, object]:
+def split_update(step, runs: int, operators: int = 8, updates: int = 1) -> Dict[str, object]:
     """Per update: seconds in products and in other operators, the other operators' calls, the ``operators`` slowest
-    operators, and the products by operand shapes (``OperatorTimer.product_rows``)."""
+    operators, and the products by operand shapes (``OperatorTimer.product_rows``). ``step`` runs ``updates``
+    updates a call (a :class:`Pass`; the products then by operator alone), called ``runs`` times."""
     timer = OperatorTimer(by_shape=True)
     with timer:
         for _ in range(runs):
             step()
-    split = {k: v / runs for k, v in timer.split().items()}
+    per = runs * updates
+    split = {k: v / per for k, v in timer.split().items()}
     top = sorted(timer.seconds.items(), key=lambda kv: -kv[1])[:operators]
     return {
         **split,
-        "calls": sum(c for name, c in timer.calls.items() if name not in PRODUCTS) // runs,
-        "top": [(name, s / runs, timer.calls[name] // runs) for name, s in top],
-        "products_by_shape": timer.product_rows(runs),
+        "calls": sum(c for name, c in timer.calls.items() if name not in PRODUCTS) // per,
+        "top": [(name, s / per, timer.calls[name] // per) for name, s in top],
+        "products_by_shape": timer.product_rows(per, by_shape=updates == 1),
     }
+
+
+class Pass:
+    """One update of ``step`` (a ``measure.TrainStep``: one model, one optimizer) on each of ``samples`` in turn."""
+
+    def __init__(self, step: measure.TrainStep, samples: list):
+        self.step, self.samples = step, samples
+
+    def _each(self, fn) -> None:
+        for sample in self.samples:
+            self.step.sample = sample
+            fn()
+
+    def __call__(self) -> None:
+        self._each(self.step)
+
+    def forward_backward(self) -> None:
+        self._each(self.step.forward_backward)
+
+
+def _steps(args, size_name: str, cpu: torch.device):
+    """({"fconv": step, "convs2s": step}, updates a step runs): the harness's batch, or ``--data``'s batches."""
+    if args.data is None:
+        fconv, convs2s, sample, pad = measure.training_pair(size_name, cpu)
+        return {
+            "fconv": measure.TrainStep(fconv, sample, pad),
+            "convs2s": measure.TrainStep(convs2s, sample, pad, fused_loss=True),
+        }, 1
+    task, samples = load_batches(args.data, args.max_tokens, args.batches)
+    source, target = task.source_dictionary, task.target_dictionary
+    fconv, convs2s = build_pair(SIZES[size_name], source, dropout=0.2, target_dictionary=target)
+    pad = target.pad()
+    steps = {
+        "fconv": Pass(measure.TrainStep(fconv, samples[0], pad), samples),
+        "convs2s": Pass(measure.TrainStep(convs2s, samples[0], pad, fused_loss=True), samples),
+    }
+    words = sum(s["ntokens"] for s in samples)
+    print(f"{size_name}: {len(samples)} batches of {args.data} (--max-tokens {args.max_tokens}), {words} target tokens")
+    return steps, len(samples)
 
 
 def main(argv=None) -> None:
@@ -111,23 +164,22 @@ def main(argv=None) -> None:
     measure.add_malloc_flag(p)
     p.add_argument("--products", type=int, default=8, help="product shapes listed per model, slowest first")
     p.add_argument("--operators", type=int, default=8, help="operators listed per model, slowest first")
+    p.add_argument("--data", type=data_bin, help="a fairseq-preprocess folder: its training batches, not the harness's")
+    p.add_argument("--max-tokens", type=positive_int, default=1000, help="--data's batch size (default: %(default)s)")
+    p.add_argument("--batches", type=positive_int, default=8, help="--data's batches a run (default: %(default)s)")
     args = p.parse_args(argv)
     cpu = torch.device("cpu")
     kept = args.keep_freed_memory and keep_freed_memory()
     peak = measure.matmul_peak(torch.float32, cpu)
     print(f"{measure.machine_line(kept)}; fp32 2048^3 matmul peak {peak:.0f} GFLOP/s at the start")
     for size_name in args.sizes.split(","):
-        fconv, convs2s, sample, pad = measure.training_pair(size_name, cpu)
-        steps = {
-            "fconv": measure.TrainStep(fconv, sample, pad),
-            "convs2s": measure.TrainStep(convs2s, sample, pad, fused_loss=True),
-        }
+        steps, updates = _steps(args, size_name, cpu)
         times = measure.alternate(steps, args.repeats, warmup=1, device=cpu)
         rows = {}
         for name, step in steps.items():
-            split = split_update(step, args.repeats, args.operators)
-            gflop = measure.count_flops(step.forward_backward) / 1e9
-            rows[name] = {"wall": measure.median(times[name]), "gflop": gflop, **split}
+            split = split_update(step, args.repeats, args.operators, updates)
+            gflop = measure.count_flops(step.forward_backward) / 1e9 / updates
+            rows[name] = {"wall": measure.median(times[name]) / updates, "gflop": gflop, **split}
         # measured again beside the updates, the higher kept (as benchmarks.run does): one slow spell of the
         # shared machine would otherwise put products above "100%" of it
         peak = max(peak, measure.matmul_peak(torch.float32, cpu))
@@ -143,7 +195,7 @@ def main(argv=None) -> None:
             )
             for op, seconds, calls in row["top"]:
                 print(f"  {op:32s} {seconds * 1e3:7.1f} ms {calls:5d} calls{'  (product)' if op in PRODUCTS else ''}")
-            print(f"  its products by operand shapes, the {args.products} slowest:")
+            print(f"  its products by {'operand shapes' if updates == 1 else 'operator'}, the {args.products} slowest:")
             for r in row["products_by_shape"][: args.products]:
                 print(
                     f"    {r['op']:18s} {r['seconds'] * 1e3:7.1f} ms {r['calls']:3d} calls {r['gflops']:5.0f} "

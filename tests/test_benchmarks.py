@@ -16,6 +16,7 @@ from benchmarks import ablations, alone, bf16_generation, checkpoint_activations
 from benchmarks.against_revision import module_at
 from benchmarks.measure import count_flops
 from benchmarks.op_split import PRODUCTS, OperatorTimer, split_update
+from benchmarks.op_split import main as op_split_main
 from benchmarks.real_batches import main as real_batches_main
 from benchmarks.recipe_training import command as recipe_training_command
 from benchmarks.recipe_training import main as recipe_training_main
@@ -358,6 +359,46 @@ def test_operator_timer_counts_each_product_shape_with_its_flops():
     )
 
 
+def test_split_update_of_several_updates_a_call_is_per_update_with_products_by_operator():
+    # a pass over batches of different sizes (op_split --data): each figure divided by the updates a call runs,
+    # and the products of the changing shapes summed by operator
+    x = torch.randn(32, 16, requires_grad=True)
+    w = torch.randn(24, 16, requires_grad=True)
+
+    def a_pass():  # two updates, on 32 and then 8 rows
+        for rows in (32, 8):
+            x.grad = w.grad = None
+            torch.sigmoid(training_linear(x[:rows], w, None)).sum().backward()
+
+    split = split_update(a_pass, runs=3, updates=2)
+    (mm,) = split["products_by_shape"]
+    assert (mm["op"], mm["shapes"], mm["calls"]) == ("mm", (), 3)  # forward, input and weight gradient
+    assert mm["gflop"] == pytest.approx(3 * 2 * (32 + 8) / 2 * 16 * 24 / 1e9)  # per update: the two's mean
+    one = OperatorTimer()
+    with one:
+        a_pass()
+    assert split["calls"] == (sum(one.calls.values()) - one.calls["mm"]) // 2
+    assert split["products"] == pytest.approx(mm["seconds"])
+
+
+def test_op_split_on_a_corpus_batches_prints_per_update_figures_for_both_models(tmp_path, capsys):
+    make_splits(tmp_path, {"train": 60, "valid": 4})
+    preprocess(tmp_path, "bin", trainpref="train", validpref="valid")
+    op_split_main(["--data", str(tmp_path / "bin"), "--max-tokens", "200", "--batches", "2", "--repeats", "1"])
+    out = capsys.readouterr().out
+    assert re.search(r"^iwslt: 2 batches of .*bin \(--max-tokens 200\), \d+ target tokens$", out, re.M), out
+    for name in ("fconv", "convs2s"):
+        line = re.search(rf"^iwslt {name}: update (\d+) ms = products (\d+) ms \(([0-9.]+) GFLOP at", out, re.M)
+        assert line and int(line.group(1)) > 0 and int(line.group(2)) > 0 and float(line.group(3)) > 0, out
+    listed = re.findall(r"^  its products by (.*), the 8 slowest:\n((?:    .*\n)+)", out, re.M)
+    assert [by for by, _ in listed] == ["operator", "operator"]
+    for _, rows in listed:  # one row per operator, no operand shapes after the share of the peak
+        ops = [row.split()[0] for row in rows.splitlines()]
+        assert len(ops) == len(set(ops)) and set(ops) <= PRODUCTS
+        assert all(row.rstrip().endswith("%)") for row in rows.splitlines())
+    assert re.search(r"^iwslt: convs2s [0-9.]+x fconv\.", out, re.M)
+
+
 def test_against_revision_loads_a_module_as_committed_beside_todays():
     from fairseq_convs2s.criterions import label_smoothed_loss
 
@@ -459,6 +500,7 @@ def test_machine_line_names_torch_the_commit_and_the_malloc_setting():
         ("recipe_training", ["{tmp}/gone"], "argument data: {tmp}/gone: no such folder"),
         ("data_workers", ["{tmp}/bin:{tmp}/gone"], "argument data: {tmp}/gone: no such folder"),
         ("op_split", ["--sizes", "iwslt,big"], "argument --sizes: unknown size 'big': choose from iwslt, wmt_en_de"),
+        ("op_split", ["--data", "{tmp}/gone"], "argument --data: {tmp}/gone: no such folder"),
         (
             "checkpoint_activations",
             ["--sizes", "big"],
