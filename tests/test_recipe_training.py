@@ -95,18 +95,27 @@ def test_the_fastest_flags_and_why(monkeypatch, arch, train_args, precision, cud
 @pytest.mark.parametrize(
     "train_args, time_budget, fp32_cpu, flags, note",
     [
-        ("", 30, True, ["--max-tokens", "1000"], "batch: --max-tokens 1000, a quarter of the recipe's 4000 (in fp32"),
+        ("", 30, True, ["--max-tokens", "500"], "batch: --max-tokens 500, an eighth of the recipe's 4000 (in fp32"),
         ("", 30, False, [], None),  # bf16 on a CPU, or a GPU: the recipe's batch
         ("", None, True, [], None),  # no time budget (an update budget): as many updates of the recipe's batch
         ("--max-tokens 3000", 30, True, [], "batch: --max-tokens 3000 (--train-args)"),
     ],
 )
-def test_a_time_budget_in_fp32_on_a_cpu_quarters_the_batch(train_args, time_budget, fp32_cpu, flags, note):
+def test_a_time_budget_in_fp32_on_a_cpu_trains_an_eighth_of_the_batch(train_args, time_budget, fp32_cpu, flags, note):
     recipe = ["--lr", "0.25", "--max-tokens", "4000"]
-    chosen, notes = training.batch_flags(recipe, shlex.split(train_args), time_budget, fp32_cpu)
+    chosen, notes = training.batch_flags(recipe, shlex.split(train_args), time_budget, fp32_cpu, longest=251)
     assert chosen == flags
     assert (notes == []) if note is None else (len(notes) == 1 and notes[0].startswith(note))
     assert training.batch_flags(["--lr", "0.25"], [], 30, True) == ([], [])  # a recipe without --max-tokens
+
+
+def test_the_smaller_batch_still_holds_the_longest_training_pair():
+    # fairseq refuses a batch that a training pair does not fit in: an eighth of 1,600 tokens is 200, under the
+    # 251 of a recipe keeping pairs of up to 250 pieces
+    chosen, (note,) = training.batch_flags(["--max-tokens", "1600"], [], 30, True, longest=251)
+    assert chosen == ["--max-tokens", "251"]
+    assert note.startswith("batch: --max-tokens 251, the longest training pair (an eighth of the recipe's 1600, 200,")
+    assert training.batch_flags(["--max-tokens", "300"], [], 30, True, longest=300) == ([], [])  # nothing smaller
 
 
 @pytest.mark.parametrize(
@@ -238,12 +247,12 @@ def test_validation_loss_is_read_from_fairseq_validates_output():
 
 @pytest.mark.parametrize(
     "has_bf16, train_args, max_tokens",
-    [(False, "", "1000"), (True, "", "4000"), (False, "--arch fconv_iwslt_de_en --max-tokens=2000 --lr 0.5", "2000")],
+    [(False, "", "500"), (True, "", "4000"), (False, "--arch fconv_iwslt_de_en --max-tokens=2000 --lr 0.5", "2000")],
 )
 def test_multi30ks_half_hour_command_on_a_cpu_with_and_without_bf16(
     has_bf16, train_args, max_tokens, monkeypatch, tmp_path
 ):
-    """The training command Multi30k's ``--time-budget 30`` runs on a CPU: a quarter of its batch in fp32, its own in
+    """The training command Multi30k's ``--time-budget 30`` runs on a CPU: an eighth of its batch in fp32, its own in
     bf16, the user's when ``--train-args`` set it; each flag once."""
     import importlib.util
 

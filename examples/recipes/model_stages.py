@@ -41,7 +41,8 @@ def train_stage(r: RecipeCommand) -> None:
     cuda = torch.cuda.is_available()
     fastest, notes = training.fastest_flags(r.arch, train_args, args.precision, cuda)
     fp32_cpu = training.fp32_on_a_cpu(fastest, train_args, cuda)
-    batch, batch_notes = training.batch_flags(r.recipe.train_flags, train_args, args.time_budget, fp32_cpu)
+    longest = r.recipe.max_tokens_per_side + 1  # (its pieces and the end of sentence fairseq-preprocess adds)
+    batch, batch_notes = training.batch_flags(r.recipe.train_flags, train_args, args.time_budget, fp32_cpu, longest)
     separate = r.recipe.share_embeddings and args.separate_embeddings
     model_flags, model_notes = training.embedding_flags(r.arch, train_args, r.recipe.share_embeddings, separate)
     update_budget = args.update_budget

@@ -76,26 +76,35 @@ def length_note(time_budget: Optional[float], update_budget: Optional[int], reci
 
 
 def batch_flags(
-    recipe_flags: Sequence[str], given: Sequence[str], time_budget: Optional[float], fp32_cpu: bool
+    recipe_flags: Sequence[str],
+    given: Sequence[str],
+    time_budget: Optional[float],
+    fp32_cpu: bool,
+    longest: int = 1,
 ) -> Tuple[List[str], List[str]]:
-    """A quarter of the recipe's ``--max-tokens`` when a time budget trains on a CPU in fp32 (``fp32_cpu``: no bf16
-    instructions, or ``--precision fp32``), unless ``given`` (``--train-args``) sets it; the flags and a line saying
-    why. Such a CPU makes a fraction of the updates a bf16 CPU makes in the same minutes and stops on the steep part
-    of the curve, where four times the updates of a quarter the size learn more; a bf16 CPU's half hour ends on the
-    flat part, where half the batch made no measurable difference (examples/multi30k/README.md, "On a CPU without
-    bf16 instructions" and "Measured and not adopted")."""
+    """An eighth of the recipe's ``--max-tokens`` when a time budget trains on a CPU in fp32 (``fp32_cpu``: no bf16
+    instructions, or ``--precision fp32``), unless ``given`` (``--train-args``) sets it; never fewer than
+    ``longest``, the tokens of the longest training pair the recipe keeps (fairseq refuses a batch smaller than
+    one pair). The flags and a line saying why. Such a CPU makes a fraction of the updates a bf16 CPU makes in the
+    same minutes and stops on the steep part of the curve, where more, smaller updates learn more (4,000, 2,000,
+    1,000 and 500 tokens measured, the last best); a bf16 CPU's half hour ends on the flat part, where half the
+    batch made no measurable difference (examples/multi30k/README.md, "On a CPU without bf16 instructions" and
+    "Measured and not adopted")."""
     chosen_by_user = given_value(given, "--max-tokens")
     if chosen_by_user is not None:
         return [], [f"batch: --max-tokens {chosen_by_user} (--train-args)"]
     tokens = given_value(recipe_flags, "--max-tokens")
-    if time_budget is None or not fp32_cpu or tokens is None or int(tokens) < 4:
+    if time_budget is None or not fp32_cpu or tokens is None:
         return [], []
-    smaller = int(tokens) // 4
-    note = (
-        f"batch: --max-tokens {smaller}, a quarter of the recipe's {tokens} (in fp32 on a CPU the budget buys few "
-        "updates: four times as many, a quarter the size, learn more)"
-    )
-    return ["--max-tokens", str(smaller)], [note]
+    eighth = int(tokens) // 8
+    smaller = max(eighth, longest)
+    if smaller >= int(tokens):
+        return [], []
+    share = f"an eighth of the recipe's {tokens}"
+    if smaller > eighth:
+        share = f"the longest training pair (an eighth of the recipe's {tokens}, {eighth}, would hold none)"
+    why = "in fp32 on a CPU the budget buys few updates: more, smaller ones learn more"
+    return ["--max-tokens", str(smaller)], [f"batch: --max-tokens {smaller}, {share} ({why})"]
 
 
 def fp32_on_a_cpu(fastest: Sequence[str], given: Sequence[str], cuda: bool) -> bool:
