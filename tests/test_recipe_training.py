@@ -106,7 +106,7 @@ def test_a_time_budget_in_fp32_on_a_cpu_trains_an_eighth_of_the_batch(train_args
     chosen, notes = training.batch_flags(recipe, shlex.split(train_args), time_budget, fp32_cpu, longest=251)
     assert chosen == flags
     assert (notes == []) if note is None else (len(notes) == 1 and notes[0].startswith(note))
-    assert training.batch_flags(["--lr", "0.25"], [], 30, True) == ([], [])  # a recipe without --max-tokens
+    assert training.batch_flags(["--lr", "0.25"], [], 30, True, 251) == ([], [])  # a recipe without --max-tokens
 
 
 def test_the_smaller_batch_still_holds_the_longest_training_pair():

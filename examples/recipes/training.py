@@ -80,7 +80,7 @@ def batch_flags(
     given: Sequence[str],
     time_budget: Optional[float],
     fp32_cpu: bool,
-    longest: int = 1,
+    longest: int,
 ) -> Tuple[List[str], List[str]]:
     """An eighth of the recipe's ``--max-tokens`` when a time budget trains on a CPU in fp32 (``fp32_cpu``: no bf16
     instructions, or ``--precision fp32``), unless ``given`` (``--train-args``) sets it; never fewer than
