@@ -12,7 +12,16 @@ import torch.nn.functional as F
 from cli_helpers import make_splits, preprocess
 from utils import build_model
 
-from benchmarks import ablations, alone, bf16_generation, checkpoint_activations, data_workers, measure, pair
+from benchmarks import (
+    ablations,
+    alone,
+    bf16_generation,
+    checkpoint_activations,
+    data_workers,
+    measure,
+    pair,
+    recipe_training,
+)
 from benchmarks.against_revision import module_at
 from benchmarks.measure import count_flops
 from benchmarks.op_split import PRODUCTS, OperatorTimer, split_update
@@ -210,6 +219,30 @@ def test_recipe_training_command_validates_and_saves_only_when_asked(tmp_path):
     assert {"--disable-validation", "--no-save"} <= set(alone)
     assert not {"--disable-validation", "--no-save"} & set(whole)
     assert [c for c in alone if c not in ("--disable-validation", "--no-save")] == whole
+
+
+@pytest.mark.parametrize("variant, bf16_cpu, bf16", [("fconv-fused", True, True), ("fconv-fp32-fused", True, False)])
+def test_recipe_training_gives_fconv_the_fused_criterion_in_its_fused_variants(
+    tmp_path, monkeypatch, variant, bf16_cpu, bf16
+):
+    """The recipe's fconv command (bf16 or fp32) with the plugin's criterion in place of fairseq's, the only flag
+    that changes: what tells whether the recipe should give fconv the fused criterion."""
+    monkeypatch.setattr(recipe_training.training, "cpu_has_bf16", lambda: bf16_cpu)
+    cmd, notes = recipe_training_command(tmp_path, variant, 4, 1, str(tmp_path / "ckpt"))
+    base, _ = recipe_training_command(tmp_path, "fconv" if bf16 else "fconv-fp32", 4, 1, str(tmp_path / "ckpt"))
+
+    def criteria(args):
+        return [args[i + 1] for i, arg in enumerate(args) if arg == "--criterion"]
+
+    def without_criterion(args):
+        at = args.index("--criterion")
+        return args[:at] + args[at + 2 :]
+
+    assert cmd[cmd.index("--arch") + 1] == "fconv_iwslt_de_en"
+    assert (criteria(cmd), criteria(base)) == (["fused_label_smoothed_cross_entropy"], ["label_smoothed_cross_entropy"])
+    assert ("--bf16" in cmd) == bf16
+    assert sorted(without_criterion(cmd)) == sorted(without_criterion(base))
+    assert notes[0] == "criterion: fused_label_smoothed_cross_entropy (--train-args)"
 
 
 def test_real_batches_profile_prints_both_models_operators(tmp_path, capsys):

@@ -199,15 +199,9 @@ def _criteria(dictionary, **flags):
     return LabelSmoothedCrossEntropyCriterion(task, **args), FusedLabelSmoothedCrossEntropyCriterion(task, **args)
 
 
-@pytest.mark.parametrize("ignore_prefix_size", [0, 2])
-@pytest.mark.parametrize("chunk_rows", [3, 256])
-def test_criterion_equals_label_smoothed_cross_entropy_on_a_model(ignore_prefix_size, chunk_rows, monkeypatch):
-    """Loss, logging outputs (NLL, accuracy) and every parameter's gradient, through a ConvS2S model, whose
-    decoder projects and scores its rows a chunk at a time (of 3 rows, or all in one)."""
-    monkeypatch.setattr(label_smoothed_loss, "PROJECTED_CHUNK_ROWS", chunk_rows)
-    seed_all(0)
-    d = make_dictionary()
-    model = build_model("convs2s_iwslt_de_en", dictionary=d, dropout=0.0)
+def _assert_fused_follows_fairseqs(model, d, **flags):
+    """Both criteria on one batch of 3 pairs through ``model``: the fused one gives fairseq's loss, sample size,
+    NLL, accuracy and every parameter's gradient."""
     src = random_batch(d, [5, 7, 3], seed=1)
     tgt = random_batch(d, [6, 4, 5], seed=2, left_pad=False)
     prev = torch.cat([torch.full((3, 1), d.eos()), tgt[:, :-1]], dim=1)
@@ -216,9 +210,8 @@ def test_criterion_equals_label_smoothed_cross_entropy_on_a_model(ignore_prefix_
         "target": tgt,
         "ntokens": int(tgt.ne(d.pad()).sum()),
     }
-    assert normalizes_by_log_softmax(model)
     outputs = []
-    for criterion in _criteria(d, ignore_prefix_size=ignore_prefix_size):
+    for criterion in _criteria(d, **flags):
         model.zero_grad()
         loss, sample_size, log = criterion(model, sample)
         loss.backward()
@@ -232,6 +225,35 @@ def test_criterion_equals_label_smoothed_cross_entropy_on_a_model(ignore_prefix_
     assert grads_b.keys() == grads_a.keys()
     for name in grads_a:
         torch.testing.assert_close(grads_b[name], grads_a[name], rtol=1e-4, atol=1e-6, msg=name)
+
+
+@pytest.mark.parametrize("ignore_prefix_size", [0, 2])
+@pytest.mark.parametrize("chunk_rows", [3, 256])
+def test_criterion_equals_label_smoothed_cross_entropy_on_a_model(ignore_prefix_size, chunk_rows, monkeypatch):
+    """Loss, logging outputs (NLL, accuracy) and every parameter's gradient, through a ConvS2S model, whose
+    decoder projects and scores its rows a chunk at a time (of 3 rows, or all in one)."""
+    monkeypatch.setattr(label_smoothed_loss, "PROJECTED_CHUNK_ROWS", chunk_rows)
+    seed_all(0)
+    d = make_dictionary()
+    model = build_model("convs2s_iwslt_de_en", dictionary=d, dropout=0.0)
+    assert normalizes_by_log_softmax(model)
+    _assert_fused_follows_fairseqs(model, d, ignore_prefix_size=ignore_prefix_size)
+
+
+def test_criterion_equals_label_smoothed_cross_entropy_on_fairseqs_fconv():
+    """fairseq's fconv, whose decoder projects every position and ends in a plain log-softmax: the fused pass from
+    its stored logits gives fairseq's loss, logging outputs and every parameter's gradient (as README.md says;
+    the recipes keep fairseq's criterion for fconv, as fast there)."""
+    from fairseq.models.fconv import FConvModel
+    from fconv_helpers import fconv_model_args
+
+    seed_all(0)
+    d = make_dictionary()
+    args = fconv_model_args()
+    args.dropout = 0.0
+    model = FConvModel.build_model(args, SimpleNamespace(source_dictionary=d, target_dictionary=d))
+    assert normalizes_by_log_softmax(model) and not fused_label_smoothed.projects_selected_rows(model)
+    _assert_fused_follows_fairseqs(model, d)
 
 
 @pytest.mark.parametrize("in_chunks", [True, False])

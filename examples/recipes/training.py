@@ -172,7 +172,9 @@ def fastest_flags(arch: str, given: Sequence[str], precision: str, cuda: bool) -
         notes.append(f"criterion: {FUSED} (fairseq's loss and gradient, without N x V log-probabilities)")
     else:
         flags += ["--criterion", FAIRSEQ_LOSS]
-        notes.append(f"criterion: {FAIRSEQ_LOSS} (the fused criterion needs the plugin's convs2s decoder)")
+        # the fused criterion would take such a model's loss from the logits it stores for every position: no
+        # faster in the training command (examples/multi30k/README.md, "The fastest training by default")
+        notes.append(f"criterion: {FAIRSEQ_LOSS} ({arch} projects every position: the fused criterion is no faster)")
 
     if any(flag in given for flag in _PRECISION_FLAGS):
         notes.append("precision: as --train-args says")
