@@ -8,8 +8,8 @@ fastest path the recipe picks for the model on this machine (``examples/recipes/
 fused criterion and one embedding table, fconv with fairseq's criterion; bf16 on a CPU that computes it
 natively), the paper's schedule (no validation, so the rate stays 0.25). ``--variants`` adds the recipe's choices
 undone, to measure each: ``convs2s-fairseq-loss`` (fairseq's criterion), ``convs2s-separate`` (three embedding
-tables), ``convs2s-fp32``, ``fconv-fp32``; and ``fconv-fused``, ``fconv-fp32-fused``: fconv with the plugin's criterion
-(its loss from the stored logits in one pass).
+tables), ``convs2s-fp32``, ``fconv-fp32``; and ``fconv-fused``, ``fconv-fp32-fused``: fconv with the plugin's
+criterion (its loss from the stored logits in one pass).
 
 The runs alternate: for each round, for each thread count, one process per variant, the order of the variants
 reversed every round. A run's words/s is the median of fairseq's ``wps`` over its log intervals after the first
