@@ -11,6 +11,8 @@ from fairseq.criterions.label_smoothed_cross_entropy import (
     LabelSmoothedCrossEntropyCriterion,
     label_smoothed_nll_loss,
 )
+from fairseq.models.fconv import FConvModel
+from fconv_helpers import fconv_model_args
 from utils import build_model, make_dictionary, random_batch, seed_all
 
 from fairseq_convs2s.criterions import fused_label_smoothed, label_smoothed_loss
@@ -244,9 +246,6 @@ def test_criterion_equals_label_smoothed_cross_entropy_on_fairseqs_fconv():
     """fairseq's fconv, whose decoder projects every position and ends in a plain log-softmax: the fused pass from
     its stored logits gives fairseq's loss, logging outputs and every parameter's gradient (as README.md says;
     the recipes keep fairseq's criterion for fconv, as fast there)."""
-    from fairseq.models.fconv import FConvModel
-    from fconv_helpers import fconv_model_args
-
     seed_all(0)
     d = make_dictionary()
     args = fconv_model_args()
