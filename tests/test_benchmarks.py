@@ -228,18 +228,12 @@ def test_recipe_training_gives_fconv_the_fused_criterion_in_its_fused_variants(t
     monkeypatch.setattr(recipe_training.training, "cpu_has_bf16", lambda: True)
     cmd, notes = recipe_training_command(tmp_path, variant, 4, 1, str(tmp_path / "ckpt"))
     base, _ = recipe_training_command(tmp_path, "fconv" if bf16 else "fconv-fp32", 4, 1, str(tmp_path / "ckpt"))
-
-    def criteria(args):
-        return [args[i + 1] for i, arg in enumerate(args) if arg == "--criterion"]
-
-    def without_criterion(args):
-        at = args.index("--criterion")
-        return args[:at] + args[at + 2 :]
-
+    training = recipe_training.training
     assert cmd[cmd.index("--arch") + 1] == "fconv_iwslt_de_en"
-    assert (criteria(cmd), criteria(base)) == (["fused_label_smoothed_cross_entropy"], ["label_smoothed_cross_entropy"])
+    assert (cmd.count("--criterion"), training.given_value(cmd, "--criterion")) == (1, training.FUSED)
+    assert (base.count("--criterion"), training.given_value(base, "--criterion")) == (1, training.FAIRSEQ_LOSS)
     assert ("--bf16" in cmd) == bf16
-    assert sorted(without_criterion(cmd)) == sorted(without_criterion(base))
+    assert training.without(cmd, {"--criterion"}) == training.without(base, {"--criterion"})
     assert notes[0] == "criterion: fused_label_smoothed_cross_entropy (--train-args)"
 
 
