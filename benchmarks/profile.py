@@ -1,16 +1,23 @@
 """Where one model's time goes, operator by operator: ``torch.profiler`` over training updates or a generation run.
 
 ``python -m benchmarks.profile [--impl convs2s|fconv] [--size iwslt|wmt_en_de] [--what train|generate]
-[--dtype bf16] [--fused-loss] [--threads N]`` builds
+[--dtype bf16] [--fused-loss] [--threads N] [--keep-freed-memory]`` builds
 the pair of ``benchmarks.pair`` (same weights), warms up, then profiles ``--runs`` training updates (64 x 26
 target tokens, as the harness) or beam-5 generation runs (``--batch`` sentences a batch, 8 sentences), and
 prints the operators by self CPU time, per update or run. The profiler adds its own overhead, so the totals
 are above the harness's timings; the shares are what it is for.
+
+``--keep-freed-memory`` profiles under the malloc setting of ``python -m fairseq_convs2s.train``, the training
+command: without it, under glibc's default, a loss that stores N x V log-probabilities (fairseq's) also pays
+their fresh pages every update, which the command never does (examples/multi30k/README.md, "The fastest training
+by default").
 """
 
 import argparse
 
 import torch
+
+from fairseq_convs2s.train import keep_freed_memory
 
 from . import measure
 from .arguments import positive_int
@@ -28,9 +35,12 @@ def main(argv=None) -> None:
     p.add_argument("--dtype", choices=("fp32", "bf16"), default="fp32", help="train: bf16 as fairseq's --bf16")
     p.add_argument("--fused-loss", action="store_true", help="train: the loss by the plugin's fused criterion")
     p.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
+    measure.add_malloc_flag(p)
     args = p.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
+    kept = args.keep_freed_memory and keep_freed_memory()
+    print(measure.machine_line(kept))
     cpu = torch.device("cpu")
     size = SIZES[args.size]
     dictionary = make_dictionary(size.vocab)

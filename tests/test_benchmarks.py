@@ -20,6 +20,7 @@ from benchmarks import (
     data_workers,
     measure,
     pair,
+    profile,
     recipe_training,
 )
 from benchmarks.against_revision import module_at
@@ -507,6 +508,20 @@ def test_one_process_rows_take_medians_over_rounds_and_reach_the_harness_table(m
     fp32["one_process"] = r
     text = render(results, results_dir / "plot.png", results_dir)
     assert "| 1.00x / **2.00x** |" in text
+
+
+@pytest.mark.parametrize("flag", [[], ["--keep-freed-memory"]])
+def test_profile_runs_under_the_malloc_setting_asked_for_and_says_which(monkeypatch, capsys, flag):
+    """With --keep-freed-memory the profile sets the training command's malloc (fairseq's loss then pays no fresh
+    pages for its log-probabilities, as in the command); without it, glibc's default. Its first line says which."""
+    calls = []
+    monkeypatch.setattr(profile, "keep_freed_memory", lambda: calls.append("kept") or True)
+    profile.main(["--impl", "fconv", "--runs", "1", "--rows", "2", "--threads", "1", *flag])
+    out = capsys.readouterr().out.splitlines()
+    assert calls == (["kept"] if flag else [])
+    assert out[0].endswith(f"freed memory kept: {bool(flag)}"), out[0]
+    assert re.fullmatch(r"fconv, iwslt size, train, fp32: \d+ ms of self CPU time per run \(1 runs\)", out[1]), out
+    assert len([row for row in out if re.fullmatch(r"\| \S.* \| [0-9.]+ \| [0-9.]+% \| \d+ \|", row)]) == 2, out
 
 
 def test_machine_line_names_torch_the_commit_and_the_malloc_setting():
