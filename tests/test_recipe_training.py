@@ -2,6 +2,7 @@
 model (with its reasons), and the choice between the average and the best checkpoint."""
 
 import argparse
+import json
 import shlex
 import sys
 from pathlib import Path
@@ -95,37 +96,66 @@ def test_the_fastest_flags_and_why(monkeypatch, arch, train_args, precision, cud
 
 
 @pytest.mark.parametrize(
-    "train_args, time_budget, fp32_cpu, flags, note",
+    "expected_updates, train_args, flags, note",
     [
-        ("", 30, True, ["--max-tokens", "500"], "batch: --max-tokens 500, an eighth of the recipe's 4000 (in fp32"),
-        ("", 30, False, [], None),  # bf16 on a CPU, or a GPU: the recipe's batch
-        ("", None, True, [], None),  # no time budget (an update budget): as many updates of the recipe's batch
-        ("--max-tokens 3000", 30, True, [], "batch: --max-tokens 3000 (--train-args)"),
+        (6000, "", [], "batch: --max-tokens 4000, the recipe's (the budget buys about 6,000 updates of the recipe's"),
+        (3000, "", ["--max-tokens", "2000"], "batch: --max-tokens 2000, half of the recipe's 4000 (the budget buys"),
+        # a CPU without bf16 (about 1,300 updates of 4,000 tokens in half an hour): 2,405, 4,449, then 8,231 of 500
+        (1300, "", ["--max-tokens", "500"], "batch: --max-tokens 500, an eighth of the recipe's 4000"),
+        (100, "", ["--max-tokens", "500"], "batch: --max-tokens 500, an eighth"),  # (never below an eighth)
+        (None, "", [], None),  # no trial (a GPU, or no time budget): the recipe's batch
+        (3000, "--max-tokens 3000", [], "batch: --max-tokens 3000 (--train-args)"),
     ],
 )
-def test_a_time_budget_in_fp32_on_a_cpu_trains_an_eighth_of_the_batch(train_args, time_budget, fp32_cpu, flags, note):
+def test_the_batch_halves_while_the_budget_buys_too_few_updates(expected_updates, train_args, flags, note):
     recipe = ["--lr", "0.25", "--max-tokens", "4000"]
-    chosen, notes = training.batch_flags(recipe, shlex.split(train_args), time_budget, fp32_cpu, longest=251)
+    chosen, notes = training.batch_flags(recipe, shlex.split(train_args), expected_updates, longest=251)
     assert chosen == flags
     assert (notes == []) if note is None else (len(notes) == 1 and notes[0].startswith(note))
-    assert training.batch_flags(["--lr", "0.25"], [], 30, True, 251) == ([], [])  # a recipe without --max-tokens
+    assert training.batch_flags(["--lr", "0.25"], [], 3000, 251) == ([], [])  # a recipe without --max-tokens
 
 
 def test_the_smaller_batch_still_holds_the_longest_training_pair():
-    # fairseq refuses a batch that a training pair does not fit in: an eighth of 1,600 tokens is 200, under the
-    # 251 of a recipe keeping pairs of up to 250 pieces
-    chosen, (note,) = training.batch_flags(["--max-tokens", "1600"], [], 30, True, longest=251)
-    assert chosen == ["--max-tokens", "251"]
-    assert note.startswith("batch: --max-tokens 251, the longest training pair (an eighth of the recipe's 1600, 200,")
-    assert training.batch_flags(["--max-tokens", "300"], [], 30, True, longest=300) == ([], [])  # nothing smaller
+    # fairseq refuses a batch that a training pair does not fit in: 1,600 tokens halved three times is 200, under
+    # the 251 of a recipe keeping pairs of up to 250 pieces
+    assert training.batch_for_the_budget(1600, 100, longest=251) == (
+        251,
+        pytest.approx(100 * training.HALF_BATCH_UPDATES**3),
+    )
+    chosen, (note,) = training.batch_flags(["--max-tokens", "1600"], [], 100, longest=251)
+    assert chosen == ["--max-tokens", "251"] and note.startswith("batch: --max-tokens 251, the longest training pair")
+    assert training.batch_flags(["--max-tokens", "300"], [], 100, longest=300)[0] == []  # nothing smaller
 
 
 @pytest.mark.parametrize(
-    "fastest, train_args, cuda, fp32",
-    [([], "", False, True), (["--bf16"], "", False, False), ([], "--bf16", False, False), ([], "", True, False)],
+    "recipe_flags, train_args, time_budget, cuda, wanted",
+    [
+        (["--max-tokens", "4000"], "", 30, False, True),
+        (["--max-tokens", "4000"], "", 30, True, False),  # a GPU
+        (["--max-tokens", "4000"], "", None, False, False),  # no time budget
+        (["--max-tokens", "4000"], "", 2, False, False),  # a smoke test's: the trial would be a fifth of it
+        (["--max-tokens", "4000"], "--max-tokens=2000", 30, False, False),  # the user's batch
+        (["--lr", "0.25"], "", 30, False, False),  # no batch to halve
+    ],
 )
-def test_fp32_on_a_cpu(fastest, train_args, cuda, fp32):
-    assert training.fp32_on_a_cpu(fastest, shlex.split(train_args), cuda) == fp32
+def test_a_trial_chooses_the_batch_under_a_time_budget_on_a_cpu(recipe_flags, train_args, time_budget, cuda, wanted):
+    assert training.wants_a_trial(recipe_flags, shlex.split(train_args), time_budget, cuda) == wanted
+
+
+def inner_line(update, ups):
+    return (
+        f"2026-12-02 08:00:00 | INFO | train_inner | epoch 001:     {update} / 133 loss=9.1, nll_loss=8.9, ppl=480, "
+        f"wps=5000, ups={ups}, wpb=3400, bsz=210, num_updates={update}, lr=0.25, gnorm=1.1, clip=100\n"
+    )
+
+
+def test_the_trials_rate_leaves_out_its_first_interval():
+    log = "| INFO | fairseq_cli.train | training on 1 devices\n" + "".join(
+        inner_line(update, ups) for update, ups in ((10, 0.9), (20, 1.6), (30, 1.5), (40, 1.7))
+    )
+    assert training.updates_per_second(log) == 1.6  # (the median of 1.6, 1.5 and 1.7; 0.9 held the start-up)
+    with pytest.raises(ValueError, match="1 interval"):
+        training.updates_per_second(inner_line(10, 0.9))
 
 
 @pytest.mark.parametrize(
@@ -247,15 +277,9 @@ def test_validation_loss_is_read_from_fairseq_validates_output():
         final_model.validation_loss("Traceback ...")
 
 
-@pytest.mark.parametrize(
-    "has_bf16, train_args, max_tokens",
-    [(False, "", "500"), (True, "", "4000"), (False, "--arch fconv_iwslt_de_en --max-tokens=2000 --lr 0.5", "2000")],
-)
-def test_multi30ks_half_hour_command_on_a_cpu_with_and_without_bf16(
-    has_bf16, train_args, max_tokens, monkeypatch, tmp_path
-):
-    """The training command Multi30k's ``--time-budget 30`` runs on a CPU: an eighth of its batch in fp32, its own in
-    bf16, the user's when ``--train-args`` set it; each flag once."""
+def multi30k_half_hour(tmp_path, train_args, monkeypatch, has_bf16, trial_ups):
+    """Multi30k's ``--time-budget 30`` training stage on a CPU with its commands stubbed: the commands it ran, the
+    trial's log (updates/s ``trial_ups``) written as fairseq would."""
     import importlib.util
 
     from recipes import model_stages
@@ -269,10 +293,59 @@ def test_multi30ks_half_hour_command_on_a_cpu_with_and_without_bf16(
     monkeypatch.setattr(training, "cpu_has_bf16", lambda: has_bf16)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     commands = []
-    monkeypatch.setattr(model_stages, "run", lambda cmd, **kwargs: commands.append([str(c) for c in cmd]))
+
+    def run(cmd, log=None, **kwargs):
+        commands.append([str(c) for c in cmd])
+        if "--disable-validation" in commands[-1]:
+            log.write_text("".join(inner_line(update, trial_ups) for update in (10, 20, 30)))
+
+    monkeypatch.setattr(model_stages, "run", run)
     model_stages.train_stage(pipeline.RecipeCommand(multi30k.RECIPE, args, "en", "de"))
-    (command,) = commands
-    assert training.given_value(command, "--max-tokens") == max_tokens
+    return commands
+
+
+def each_flag_once(command):
     names = [flag.split("=", 1)[0] for flag in command if flag.startswith("--")]
-    assert sorted(names) == sorted(set(names))  # (each flag once)
-    assert ("--bf16" in command) == has_bf16 and float(training.given_value(command, "--stop-time-hours")) == 0.5
+    return sorted(names) == sorted(set(names))
+
+
+@pytest.mark.parametrize(
+    "has_bf16, trial_ups, train_args, max_tokens",
+    [
+        (True, 3.4, "", "4000"),  # a fast bf16 CPU: about 5,500 updates of 4,000 tokens in the half hour
+        (True, 1.7, "", "2000"),  # a slow one: about 2,750
+        (False, 0.82, "", "500"),  # fp32: about 1,330
+        (False, None, "--arch fconv_iwslt_de_en --max-tokens=2000 --lr 0.5", "2000"),  # the user's: no trial
+    ],
+)
+def test_multi30ks_half_hour_command_on_a_cpu_trains_the_batch_its_trial_chooses(
+    has_bf16, trial_ups, train_args, max_tokens, monkeypatch, tmp_path
+):
+    """The commands Multi30k's ``--time-budget 30`` runs on a CPU: a trial of the recipe's batch, then training with
+    the batch it chose and the rest of the budget; the user's batch when ``--train-args`` sets it; each flag once."""
+    commands = multi30k_half_hour(tmp_path, train_args, monkeypatch, has_bf16, trial_ups)
+    *trials, command = commands
+    assert training.given_value(command, "--max-tokens") == max_tokens and each_flag_once(command)
+    assert ("--bf16" in command) == has_bf16
+    training_hours = float(training.given_value(command, "--stop-time-hours"))
+    if trial_ups is None:
+        assert trials == [] and training_hours == 0.5
+        return
+    (trial,) = trials
+    assert each_flag_once(trial) and ("--bf16" in trial) == has_bf16 and "--no-save" in trial
+    assert training.given_value(trial, "--max-tokens") == "4000" and training.given_value(trial, "--max-update") == "30"
+    assert training.given_value(trial, "--stop-time-hours") == "0"
+    assert training.given_value(trial, "--save-dir") == str(tmp_path / "checkpoints" / "trial")
+    saved = json.loads((tmp_path / "checkpoints" / "trial.json").read_text())
+    assert saved["updates_per_second"] == trial_ups
+    assert training_hours == pytest.approx(0.5 - saved["minutes"] / 60, abs=1e-6)  # (--stop-time-hours: 6 digits)
+
+
+def test_a_resumed_half_hour_keeps_the_batch_and_the_length_its_trial_chose(monkeypatch, tmp_path):
+    ckpt = tmp_path / "checkpoints"
+    ckpt.mkdir()
+    (ckpt / "checkpoint_last.pt").touch()
+    (ckpt / "trial.json").write_text(json.dumps({"updates_per_second": 2.0, "minutes": 0.6}))
+    (command,) = multi30k_half_hour(tmp_path, "", monkeypatch, has_bf16=True, trial_ups=3.4)  # (no trial ran)
+    assert training.given_value(command, "--max-tokens") == "2000"
+    assert float(training.given_value(command, "--stop-time-hours")) == pytest.approx(29.4 / 60)

@@ -3,12 +3,14 @@ checkpoint), its translations of each test set and their scores, and the closing
 
 from __future__ import annotations
 
+import json
 import re
 import shlex
+import shutil
 import subprocess
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Sequence
+from typing import TYPE_CHECKING, Callable, Dict, Sequence
 
 from recipes import final_model, scoring, text, training
 from recipes.commands import USER_DIR, OutLock, child_options, device_flags, failure, fairseq, run, stage, train_command
@@ -19,6 +21,7 @@ if TYPE_CHECKING:
 
 # averaging takes checkpoints saved in this final part of training (by update count) only
 AVERAGE_TAIL = 0.25
+TRIAL = "trial.json"  # in checkpoints/: what the batch trial measured (_batch_trial)
 
 
 def train_stage(r: RecipeCommand) -> None:
@@ -40,31 +43,42 @@ def train_stage(r: RecipeCommand) -> None:
     ckpt.mkdir(parents=True, exist_ok=True)
     cuda = torch.cuda.is_available()
     fastest, notes = training.fastest_flags(r.arch, train_args, args.precision, cuda)
-    fp32_cpu = training.fp32_on_a_cpu(fastest, train_args, cuda)
-    longest = r.recipe.max_tokens_per_side + 1  # (its pieces and the end of sentence fairseq-preprocess adds)
-    batch, batch_notes = training.batch_flags(r.recipe.train_flags, train_args, args.time_budget, fp32_cpu, longest)
     separate = r.recipe.share_embeddings and args.separate_embeddings
     model_flags, model_notes = training.embedding_flags(r.arch, train_args, r.recipe.share_embeddings, separate)
     update_budget = args.update_budget
     if update_budget is None and args.time_budget is None:
         update_budget = r.recipe.update_budget
-    notes += [*batch_notes, *model_notes, training.length_note(args.time_budget, update_budget, r.recipe.update_budget)]
-    for note in notes:
-        print(f"   {note}")
     budget = args.time_budget is not None or bool(update_budget)
     if budget and training.given_value(train_args, "--max-epoch") not in (None, "0"):
-        print("   warning: --max-epoch in --train-args can end training before the budget, unannealed")
+        notes.append("warning: --max-epoch in --train-args can end training before the budget, unannealed")
     recipes = [
         r.bin_dir, "--user-dir", USER_DIR, "--arch", r.recipe.arch, "--source-lang", r.src, "--target-lang", r.tgt,
         *r.recipe.train_flags,
     ]  # fmt: skip
-    chosen = [  # (a budget's --max-epoch 0 replaces the recipe's epoch limit, a chosen batch its --max-tokens)
-        *batch, *training.optimization_flags(args.time_budget, update_budget or None), *fastest, *model_flags,
-        "--save-dir", ckpt, "--keep-last-epochs", max(args.average_last, 1),
-        "--skip-invalid-size-inputs-valid-test", "--log-format", "simple", "--log-interval", "100",
-        "--seed", "1", *device_flags(),
-    ]  # fmt: skip
-    cmd = train_command() + training.later_wins(recipes, chosen, train_args)
+
+    def chosen(batch: Sequence[str], minutes: float | None) -> list:
+        # (a budget's --max-epoch 0 replaces the recipe's epoch limit, a chosen batch its --max-tokens)
+        return [
+            *batch, *training.optimization_flags(minutes, update_budget or None), *fastest, *model_flags,
+            "--save-dir", ckpt, "--keep-last-epochs", max(args.average_last, 1),
+            "--skip-invalid-size-inputs-valid-test", "--log-format", "simple", "--log-interval", "100",
+            "--seed", "1", *device_flags(),
+        ]  # fmt: skip
+
+    for note in notes:
+        print(f"   {note}")
+    minutes, expected_updates = args.time_budget, None
+    if training.wants_a_trial(r.recipe.train_flags, train_args, args.time_budget, cuda):
+        trial = _batch_trial(
+            r, lambda save_dir: [recipes, chosen([], args.time_budget), train_args, training.trial_flags(save_dir)]
+        )
+        minutes = args.time_budget - trial["minutes"]
+        expected_updates = trial["updates_per_second"] * training.RUN_TO_TRIAL_RATE * minutes * 60
+    longest = r.recipe.max_tokens_per_side + 1  # (its pieces and the end of sentence fairseq-preprocess adds)
+    batch, batch_notes = training.batch_flags(r.recipe.train_flags, train_args, expected_updates, longest)
+    for note in [*batch_notes, *model_notes, training.length_note(minutes, update_budget, r.recipe.update_budget)]:
+        print(f"   {note}")
+    cmd = train_command() + training.later_wins(recipes, chosen(batch, minutes), train_args)
     r.settings.record("train", r.made_with["train"])  # (at the start: an interrupted training resumes as it)
     log = r.out / "train.log"
     resuming = (ckpt / "checkpoint_last.pt").exists()
@@ -78,6 +92,30 @@ def train_stage(r: RecipeCommand) -> None:
     # delete checkpoints/train.done and run again with a larger budget)
     remove(ckpt / "checkpoint_avg.pt", ckpt / "chosen.txt", r.out / "curve.png", *outputs(r.out))
     r.settings.forget("average", "generate")
+
+
+def _batch_trial(r: RecipeCommand, trial_parts: Callable[[Path], Sequence[Sequence]]) -> Dict[str, float]:
+    """The trial that chooses the batch under a time budget on a CPU (:func:`training.wants_a_trial`): the training
+    command for ``training.TRIAL_UPDATES`` updates of the recipe's batch (``trial_parts(save_dir)``: the parts of
+    the command, later parts winning), its log in OUT/trial.log. Its updates a second and the minutes it took,
+    which the budget counts; a training that resumes reads them from checkpoints/trial.json, so that its batch
+    and schedule stay those it started with."""
+    saved = r.ckpt / TRIAL
+    if saved.exists() and (r.ckpt / "checkpoint_last.pt").exists():
+        trial = json.loads(saved.read_text())
+        print(f"   trial: {trial['updates_per_second']:.2f} updates/s at the start of this training ({saved.name})")
+        return trial
+    save_dir, log = r.ckpt / "trial", r.out / "trial.log"
+    cmd = train_command() + training.later_wins(*trial_parts(save_dir))
+    r.timed("trial", run, cmd, log=log, quiet=("",), lock=r.lock)  # (its output in trial.log only)
+    shutil.rmtree(save_dir, ignore_errors=True)
+    trial = {"updates_per_second": training.updates_per_second(log.read_text()), "minutes": r.timings["trial"] / 60}
+    saved.write_text(json.dumps(trial) + "\n")
+    print(
+        f"   trial: {training.TRIAL_UPDATES} updates of the recipe's batch at {trial['updates_per_second']:.2f} "
+        f"updates/s; its {trial['minutes']:.1f} min count in the budget"
+    )
+    return trial
 
 
 def model_stage(r: RecipeCommand) -> Path:

@@ -4,6 +4,9 @@ reason; a flag the user gives in ``--train-args`` wins over the choice.
 """
 
 import argparse
+import re
+import statistics
+from pathlib import Path
 from typing import Collection, List, Optional, Sequence, Tuple
 
 # The paper's optimization (section 4.2-4.3): Nesterov momentum 0.99, gradient norm clipped at 0.1, the learning
@@ -64,9 +67,9 @@ def length_note(time_budget: Optional[float], update_budget: Optional[int], reci
     """One line saying how long training runs: ``update_budget`` is the one in force (None or 0: none)."""
     annealed = "the rate annealed to 0 at the end (--lr-scheduler budget)"
     if time_budget is not None and update_budget:
-        return f"length: {time_budget:g} minutes or {update_budget} updates, whichever ends first, {annealed}"
+        return f"length: {time_budget:.3g} minutes or {update_budget} updates, whichever ends first, {annealed}"
     if time_budget is not None:
-        return f"length: {time_budget:g} minutes, {annealed}"
+        return f"length: {time_budget:.3g} minutes, {annealed}"
     if update_budget:
         default = (
             " (the recipe's default; --update-budget 0: the plateau rule)" if update_budget == recipe_default else ""
@@ -75,41 +78,84 @@ def length_note(time_budget: Optional[float], update_budget: Optional[int], reci
     return "length: until validation loss plateaus (the paper's rule: the rate divided by 10 at each, to 1e-4)"
 
 
+# Under a time budget on a CPU the batch follows what the budget buys, measured by a short trial of the training
+# command before training (examples/multi30k/README.md, "The batch a time budget trains"): the recipe's batch,
+# halved while the budget would buy fewer than UPDATES_WANTED updates of it. Below about 5,000 updates the half
+# hour ends on the steep part of the curve, where more and smaller updates learn more; above, both batches end on
+# the flat part and level.
+UPDATES_WANTED = 5000
+HALF_BATCH_UPDATES = 1.85  # the updates a half batch makes per update of the whole in the same minutes (1.76-1.95)
+MOST_HALVINGS = 3  # an eighth of the recipe's batch, the smallest measured
+# the trial sees a training's first updates only: a whole half hour ran at 0.87-0.96 of its first few hundred's rate
+RUN_TO_TRIAL_RATE = 0.9
+TRIAL_UPDATES = 30
+TRIAL_LOG_INTERVAL = 10
+TRIAL_MIN_BUDGET = 5  # minutes: a shorter budget (a smoke test) trains the recipe's batch, without a trial
+
+
+def wants_a_trial(recipe_flags: Sequence[str], given: Sequence[str], time_budget: Optional[float], cuda: bool) -> bool:
+    """Whether the batch is chosen by a trial: a time budget of ``TRIAL_MIN_BUDGET`` minutes or more on a CPU, a
+    recipe with a ``--max-tokens`` and no ``--max-tokens`` in ``given`` (``--train-args``). A GPU's budget buys the
+    recipe's batch plenty of updates."""
+    has_batch = given_value(recipe_flags, "--max-tokens") is not None
+    long_enough = time_budget is not None and time_budget >= TRIAL_MIN_BUDGET
+    return long_enough and not cuda and has_batch and given_value(given, "--max-tokens") is None
+
+
+def trial_flags(save_dir: Path) -> List[str]:
+    """The flags that make the training command a trial: ``TRIAL_UPDATES`` updates, logged every
+    ``TRIAL_LOG_INTERVAL``, neither validated nor saved."""
+    return [
+        "--max-update", str(TRIAL_UPDATES), "--stop-time-hours", "0", "--log-interval", str(TRIAL_LOG_INTERVAL),
+        "--disable-validation", "--no-save", "--save-dir", str(save_dir),
+    ]  # fmt: skip
+
+
+def updates_per_second(log: str) -> float:
+    """The trial's updates a second: the median of the rates fairseq logs (``train_inner ... ups=``) after the
+    first interval, which holds the start-up."""
+    rates = [float(ups) for ups in re.findall(r"\|\s*train_inner\s*\|.*?\bups=([0-9.]+)", log)]
+    if len(rates) < 2:
+        raise ValueError(f"the trial logged {len(rates)} interval(s) of updates/s, not the two it needs")
+    return statistics.median(rates[1:])
+
+
+def batch_for_the_budget(tokens: int, expected_updates: float, longest: int) -> Tuple[int, float]:
+    """The batch (``--max-tokens``) a budget that buys ``expected_updates`` updates of ``tokens`` trains: halved
+    while it buys fewer than ``UPDATES_WANTED``, at most ``MOST_HALVINGS`` times and never below ``longest``, the
+    tokens of the longest training pair (fairseq refuses a batch that one pair does not fit in); with the updates
+    expected of it."""
+    chosen, expected = tokens, expected_updates
+    for _ in range(MOST_HALVINGS):
+        half = max(chosen // 2, longest)
+        if expected >= UPDATES_WANTED or half >= chosen:
+            break
+        chosen, expected = half, expected * HALF_BATCH_UPDATES
+    return chosen, expected
+
+
 def batch_flags(
-    recipe_flags: Sequence[str],
-    given: Sequence[str],
-    time_budget: Optional[float],
-    fp32_cpu: bool,
-    longest: int,
+    recipe_flags: Sequence[str], given: Sequence[str], expected_updates: Optional[float], longest: int
 ) -> Tuple[List[str], List[str]]:
-    """An eighth of the recipe's ``--max-tokens`` when a time budget trains on a CPU in fp32 (``fp32_cpu``: no bf16
-    instructions, or ``--precision fp32``), unless ``given`` (``--train-args``) sets it; never fewer than
-    ``longest``, the tokens of the longest training pair the recipe keeps (fairseq refuses a batch smaller than
-    one pair). The flags and a line saying why. Such a CPU makes a fraction of the updates a bf16 CPU makes in the
-    same minutes and stops on the steep part of the curve, where more, smaller updates learn more (4,000, 2,000,
-    1,000 and 500 tokens measured, the last best); a bf16 CPU's half hour ends on the flat part, where half the
-    batch made no measurable difference (examples/multi30k/README.md, "On a CPU without bf16 instructions" and
-    "Measured and not adopted")."""
+    """The batch flags and a line saying why: the user's ``--max-tokens`` (``given``, ``--train-args``) if any;
+    else, when a trial measured that the budget buys ``expected_updates`` updates of the recipe's batch,
+    :func:`batch_for_the_budget`'s; else the recipe's."""
     chosen_by_user = given_value(given, "--max-tokens")
     if chosen_by_user is not None:
         return [], [f"batch: --max-tokens {chosen_by_user} (--train-args)"]
-    tokens = given_value(recipe_flags, "--max-tokens")
-    if time_budget is None or not fp32_cpu or tokens is None:
+    recipes = given_value(recipe_flags, "--max-tokens")
+    if expected_updates is None or recipes is None:
         return [], []
-    eighth = int(tokens) // 8
-    smaller = max(eighth, longest)
-    if smaller >= int(tokens):
-        return [], []
-    share = f"an eighth of the recipe's {tokens}"
-    if smaller > eighth:
-        share = f"the longest training pair (an eighth of the recipe's {tokens}, {eighth}, would hold none)"
-    why = "in fp32 on a CPU the budget buys few updates: more, smaller ones learn more"
-    return ["--max-tokens", str(smaller)], [f"batch: --max-tokens {smaller}, {share} ({why})"]
-
-
-def fp32_on_a_cpu(fastest: Sequence[str], given: Sequence[str], cuda: bool) -> bool:
-    """Whether training with the flags ``fastest`` chose and the user's ``given`` runs in fp32 on a CPU."""
-    return not cuda and not any(flag in (*fastest, *given) for flag in _PRECISION_FLAGS)
+    tokens = int(recipes)
+    chosen, expected = batch_for_the_budget(tokens, expected_updates, longest)
+    buys = f"the budget buys about {expected_updates:,.0f} updates of the recipe's {tokens} tokens"
+    if chosen == tokens:
+        return [], [f"batch: --max-tokens {tokens}, the recipe's ({buys}, at least {UPDATES_WANTED:,})"]
+    shares = {tokens // 2: "half", tokens // 4: "a quarter", tokens // 8: "an eighth"}
+    share = f"{shares[chosen]} of the recipe's {tokens}" if chosen in shares else "the longest training pair"
+    why = f"{buys}, fewer than the {UPDATES_WANTED:,} that reach the flat part of the curve"
+    note = f"batch: --max-tokens {chosen}, {share} ({why}; about {expected:,.0f} of {chosen})"
+    return ["--max-tokens", str(chosen)], [note]
 
 
 SHARE_ALL = "--share-all-embeddings"
