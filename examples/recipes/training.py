@@ -84,7 +84,7 @@ def length_note(time_budget: Optional[float], update_budget: Optional[int], reci
 # hour ends on the steep part of the curve, where more and smaller updates learn more; above, both batches end on
 # the flat part and level.
 UPDATES_WANTED = 5000
-HALF_BATCH_UPDATES = 1.85  # the updates a half batch makes per update of the whole in the same minutes (1.76-1.95)
+HALF_BATCH_UPDATES = 1.8  # the updates a half batch makes per update of the whole in the same minutes (1.66-1.95)
 MOST_HALVINGS = 3  # an eighth of the recipe's batch, the smallest measured
 # the trial sees a training's first updates only: a whole half hour ran at 0.87-0.96 of its first few hundred's rate
 RUN_TO_TRIAL_RATE = 0.9
