@@ -21,7 +21,13 @@ if __package__ in (None, ""):  # run as a script: import the recipes package bes
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from recipes import text  # noqa: E402
-from recipes.curve import SERIES_COLOURS, CurvePoint, read_validation_curve, write_curves_png  # noqa: E402
+from recipes.curve import (  # noqa: E402
+    SERIES_COLOURS,
+    CurvePoint,
+    read_validation_curve,
+    train_inner_values,
+    write_curves_png,
+)
 
 QUARTERS = (0.25, 0.5, 0.75)
 
@@ -29,7 +35,6 @@ _ARCH_RE = re.compile(r"\barch='([^']+)'")
 _SEED_RE = re.compile(r"'seed': (\d+)")
 _TARGET_RE = re.compile(r"\btarget_lang='([^']+)'")
 _UPDATES_RE = re.compile(r"\| train \| epoch \d+ \|.*\| num_updates (\d+)")
-_WPS_RE = re.compile(r"\| train_inner \|.*\bwps=([0-9.]+)")
 
 
 @dataclass
@@ -64,7 +69,7 @@ def read_run(out: Path, name: str) -> Run:
         raise SystemExit(f"{log_file}: no fairseq-train configuration line (arch=..., target_lang=...) in it")
     seed = _SEED_RE.search(log)
     updates = [int(u) for u in _UPDATES_RE.findall(log)]
-    wps = [float(w) for w in _WPS_RE.findall(log)]
+    wps = train_inner_values(log, "wps")
     chosen = out / "checkpoints" / "chosen.txt"
     tested = chosen.read_text(encoding="utf-8").split("\t")[0].strip() if chosen.is_file() else "-"
     scores = {}

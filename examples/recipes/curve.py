@@ -60,6 +60,11 @@ def _fields(text: str) -> Dict[str, str]:
     return {key: value.strip() for key, _, value in pairs if key}
 
 
+def train_inner_values(log_text: str, name: str) -> List[float]:
+    """The values of one field (``wps``, ``ups``, ...) of a fairseq-train log's ``train_inner`` lines, in order."""
+    return [float(value) for value in re.findall(rf"\| train_inner \|.*?\b{re.escape(name)}=([0-9.]+)", log_text)]
+
+
 def read_validation_curve(log_text: str) -> List[CurvePoint]:
     """The validation points of a fairseq-train log (several appended runs allowed), one per num_updates, in order.
 

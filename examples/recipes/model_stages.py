@@ -67,10 +67,13 @@ def train_stage(r: RecipeCommand) -> None:
 
     for note in notes:
         print(f"   {note}")
+    resuming = (ckpt / "checkpoint_last.pt").exists()
     minutes, expected_updates = args.time_budget, None
     if training.wants_a_trial(r.recipe.train_flags, train_args, args.time_budget, cuda):
         trial = _batch_trial(
-            r, lambda save_dir: [recipes, chosen([], args.time_budget), train_args, training.trial_flags(save_dir)]
+            r,
+            lambda save_dir: [recipes, chosen([], args.time_budget), train_args, training.trial_flags(save_dir)],
+            resuming,
         )
         minutes = args.time_budget - trial["minutes"]
         expected_updates = trial["updates_per_second"] * training.RUN_TO_TRIAL_RATE * minutes * 60
@@ -81,7 +84,6 @@ def train_stage(r: RecipeCommand) -> None:
     cmd = train_command() + training.later_wins(recipes, chosen(batch, minutes), train_args)
     r.settings.record("train", r.made_with["train"])  # (at the start: an interrupted training resumes as it)
     log = r.out / "train.log"
-    resuming = (ckpt / "checkpoint_last.pt").exists()
     if log.exists() and not resuming:  # a model trained anew: the curve and compare.py read its log alone
         earlier = _unused(log)
         log.rename(earlier)
@@ -94,14 +96,16 @@ def train_stage(r: RecipeCommand) -> None:
     r.settings.forget("average", "generate")
 
 
-def _batch_trial(r: RecipeCommand, trial_parts: Callable[[Path], Sequence[Sequence]]) -> Dict[str, float]:
+def _batch_trial(
+    r: RecipeCommand, trial_parts: Callable[[Path], Sequence[Sequence]], resuming: bool
+) -> Dict[str, float]:
     """The trial that chooses the batch under a time budget on a CPU (:func:`training.wants_a_trial`): the training
     command for ``training.TRIAL_UPDATES`` updates of the recipe's batch (``trial_parts(save_dir)``: the parts of
     the command, later parts winning), its log in OUT/trial.log. Its updates a second and the minutes it took,
-    which the budget counts; a training that resumes reads them from checkpoints/trial.json, so that its batch
-    and schedule stay those it started with."""
+    which the budget counts; a training that resumes (``resuming``) reads them from checkpoints/trial.json, so
+    that its batch and schedule stay those it started with."""
     saved = r.ckpt / TRIAL
-    if saved.exists() and (r.ckpt / "checkpoint_last.pt").exists():
+    if saved.exists() and resuming:
         trial = json.loads(saved.read_text())
         print(f"   trial: {trial['updates_per_second']:.2f} updates/s at the start of this training ({saved.name})")
         return trial

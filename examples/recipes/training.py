@@ -4,10 +4,11 @@ reason; a flag the user gives in ``--train-args`` wins over the choice.
 """
 
 import argparse
-import re
 import statistics
 from pathlib import Path
 from typing import Collection, List, Optional, Sequence, Tuple
+
+from recipes.curve import train_inner_values
 
 # The paper's optimization (section 4.2-4.3): Nesterov momentum 0.99, gradient norm clipped at 0.1, the learning
 # rate divided by 10 whenever validation loss stops improving, until it falls below 1e-4; fairseq's recipes add
@@ -114,7 +115,7 @@ def trial_flags(save_dir: Path) -> List[str]:
 def updates_per_second(log: str) -> float:
     """The trial's updates a second: the median of the rates fairseq logs (``train_inner ... ups=``) after the
     first interval, which holds the start-up."""
-    rates = [float(ups) for ups in re.findall(r"\|\s*train_inner\s*\|.*?\bups=([0-9.]+)", log)]
+    rates = train_inner_values(log, "ups")
     if len(rates) < 2:
         raise ValueError(f"the trial logged {len(rates)} interval(s) of updates/s, not the two it needs")
     return statistics.median(rates[1:])
