@@ -98,8 +98,10 @@ def test_the_fastest_flags_and_why(monkeypatch, arch, train_args, precision, cud
 @pytest.mark.parametrize(
     "expected_updates, train_args, flags, note",
     [
-        (6000, "", [], "batch: --max-tokens 4000, the recipe's (the budget buys about 6,000 updates of the recipe's"),
-        (3000, "", ["--max-tokens", "2000"], "batch: --max-tokens 2000, half of the recipe's 4000 (the budget buys"),
+        (12000, "", [], "batch: --max-tokens 4000, the recipe's (the budget buys about 12,000 updates of the"),
+        (6000, "", ["--max-tokens", "2000"], "batch: --max-tokens 2000, half of the recipe's 4000 (the budget buys"),
+        # 3,500 updates of 4,000 tokens: 6,300 of 2,000, then 11,340 of 1,000
+        (3500, "", ["--max-tokens", "1000"], "batch: --max-tokens 1000, a quarter of the recipe's 4000"),
         # a CPU without bf16 (about 1,300 updates of 4,000 tokens in half an hour): 2,340, 4,212, then 7,582 of 500
         (1300, "", ["--max-tokens", "500"], "batch: --max-tokens 500, an eighth of the recipe's 4000"),
         (100, "", ["--max-tokens", "500"], "batch: --max-tokens 500, an eighth"),  # (never below an eighth)
@@ -312,8 +314,9 @@ def each_flag_once(command):
 @pytest.mark.parametrize(
     "has_bf16, trial_ups, train_args, max_tokens",
     [
-        (True, 3.4, "", "4000"),  # a fast bf16 CPU: about 5,500 updates of 4,000 tokens in the half hour
-        (True, 1.8, "", "2000"),  # a slow one: about 2,900
+        (True, 6.5, "", "4000"),  # a bf16 CPU faster than any measured: about 10,500 updates of 4,000 tokens
+        (True, 4.0, "", "2000"),  # about 6,500
+        (True, 3.23, "", "1000"),  # the Zen 5's trial of 2026-12-02: about 5,200
         (False, 0.82, "", "500"),  # fp32: about 1,330
         (False, None, "--arch fconv_iwslt_de_en --max-tokens=2000 --lr 0.5", "2000"),  # the user's: no trial
     ],
@@ -345,7 +348,7 @@ def test_a_resumed_half_hour_keeps_the_batch_and_the_length_its_trial_chose(monk
     ckpt = tmp_path / "checkpoints"
     ckpt.mkdir()
     (ckpt / "checkpoint_last.pt").touch()
-    (ckpt / "trial.json").write_text(json.dumps({"updates_per_second": 2.0, "minutes": 0.6}))
-    (command,) = multi30k_half_hour(tmp_path, "", monkeypatch, has_bf16=True, trial_ups=3.4)  # (no trial ran)
+    (ckpt / "trial.json").write_text(json.dumps({"updates_per_second": 4.0, "minutes": 0.6}))
+    (command,) = multi30k_half_hour(tmp_path, "", monkeypatch, has_bf16=True, trial_ups=6.5)  # (no trial ran)
     assert training.given_value(command, "--max-tokens") == "2000"
     assert float(training.given_value(command, "--stop-time-hours")) == pytest.approx(29.4 / 60)
