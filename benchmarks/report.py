@@ -1,5 +1,11 @@
-"""The harness's results as markdown tables (a section of BENCHMARKS.md per device) and a scaling plot."""
+"""The harness's results as markdown tables (a section of BENCHMARKS.md per device) and a scaling plot.
 
+``python -m benchmarks.report benchmarks/results/cpu.json`` writes a saved run's section again (after a change to
+how it is reported), without measuring anything.
+"""
+
+import argparse
+import json
 import logging
 import os
 from pathlib import Path
@@ -50,11 +56,9 @@ def _limits(limits) -> List[str]:
     if not limits:
         return []
     parts = [
-        "**Where the time goes** (iwslt size, beam 5, both models prepared as fairseq-generate prepares them; "
-        "seconds of one run, each part the median of 3 runs; 'body free' is the speed-up convs2s would reach were "
-        "its decoder body free, with its encoder, its vocabulary projection and fairseq's beam search as measured; "
-        "'at peak' the speed-up were all of the model's arithmetic (its FLOPs, counted) at the matmul peak, with "
-        "fairseq's beam search as measured):",
+        "**Where the time goes** (iwslt size, beam 5, seconds of one run, each part the median of 3 runs; "
+        "'body free': convs2s's speed-up were its decoder body free, the rest as measured; 'at peak': were all "
+        "its counted FLOPs at the matmul peak, fairseq's beam search as measured):",
         "",
     ]
     rows = []
@@ -79,29 +83,28 @@ def _limits(limits) -> List[str]:
     parts += [_table(header, rows), ""]
     for r in limits["training"]:
         text = (
-            f"Training (iwslt, fp32): the vocabulary projection, log-softmax and loss alone take "
-            f"{1e3 * r['vocabulary_s']:.0f} ms per update, and the body's FLOPs at the matmul peak "
-            f"{1e3 * r['body_at_peak_s']:.0f} ms"
+            f"Training (iwslt, fp32), ms per update: vocabulary projection, log-softmax and loss "
+            f"{1e3 * r['vocabulary_s']:.0f}, the body's FLOPs at the matmul peak {1e3 * r['body_at_peak_s']:.0f}"
         )
         if "apply_gradients_s" in r:  # runs before this column left the clip and optimizer step out of the bound
-            text += f", the gradient clipping and NAG step {1e3 * r['apply_gradients_s']:.0f} ms"
+            text += f", clipping and NAG step {1e3 * r['apply_gradients_s']:.0f}"
         text += (
-            f"; fconv takes {1e3 * r['fconv_s']:.0f} ms and convs2s {1e3 * r['convs2s_s']:.0f} ms, so no "
-            f"implementation of the body can beat fconv by more than **{r['bound']:.2f}x** at equal arithmetic "
-            "with fairseq's loss."
+            f"; fconv {1e3 * r['fconv_s']:.0f}, convs2s {1e3 * r['convs2s_s']:.0f}. No body can beat fconv by more "
+            f"than **{r['bound']:.2f}x** at equal arithmetic with fairseq's loss"
         )
         if "bound_fused" in r:
             text += (
-                f" With the fused criterion{_FORMS.get(r.get('vocabulary_fused_form'), '')} the vocabulary part takes "
-                f"{1e3 * r['vocabulary_fused_s']:.0f} ms and convs2s "
-                f"{1e3 * r['convs2s_fused_s']:.0f} ms; that bound is **{r['bound_fused']:.2f}x**."
+                f"; with the fused criterion{_FORMS.get(r.get('vocabulary_fused_form'), '')} "
+                f"(vocabulary {1e3 * r['vocabulary_fused_s']:.0f}, convs2s {1e3 * r['convs2s_fused_s']:.0f}) "
+                f"**{r['bound_fused']:.2f}x**"
             )
+        text += "."
         parts += [text, ""]
     return parts
 
 
 # how the fused criterion's vocabulary step ran (runs before the chunked form name none: from the logits)
-_FORMS = {"projected": " (projection and loss a chunk of rows at a time)", "fused": " (from the logits in one pass)"}
+_FORMS = {"projected": ", a chunk of rows at a time", "fused": ", from the logits in one pass"}
 
 
 def _malloc_text(machine: Dict) -> str:
@@ -153,18 +156,17 @@ def render(results: Dict, plot: Path, markdown_dir: Path) -> str:
     parts += [
         _table(header, rows),
         "",
-        "**Training** (one update: forward, label-smoothed loss, backward, clip, NAG; both models with fairseq's "
-        "`label_smoothed_cross_entropy` loss, then convs2s with the plugin's `fused_label_smoothed_cross_entropy`, "
-        "the same loss and gradient, on a CPU in fp32 with projection and loss a chunk of rows at a time, "
-        "elsewhere from the logits in one pass; the three updates alternated in one process, and on a CPU in fp32 "
-        "again with each model in a fresh process of its own, as one `fairseq-train` run has it: medians over "
-        "rounds of one process per model in turn):",
+        "**Training** (words/s of one update: forward, label-smoothed loss, backward, clip, NAG; fconv and convs2s "
+        "with fairseq's `label_smoothed_cross_entropy`, 'fused' convs2s with the plugin's "
+        "`fused_label_smoothed_cross_entropy` (on a CPU in fp32 a chunk of rows at a time, elsewhere from the logits), "
+        "the three alternated in one process; 'one per process': CPU fp32 "
+        "again, each model in a fresh process as one `fairseq-train` run has it, medians over rounds):",
         "",
     ]
     rows = []
     for r in results["training"]:
         if "skipped" in r:
-            rows.append([r["size"], r["dtype"], "-", "-", "-", "-", "-", "-", "-", "skipped: " + r["skipped"]])
+            rows.append([r["size"], r["dtype"], "-", "-", "-", "-", "-", "skipped: " + r["skipped"]])
             continue
         fused = r.get(FUSED)  # absent from runs before the fused loss
         alone = r.get("one_process")  # CPU fp32 rows since the harness measured them
@@ -173,27 +175,15 @@ def render(results: Dict, plot: Path, markdown_dir: Path) -> str:
                 r["size"],
                 r["dtype"],
                 f"{r['fconv']['words_per_s']:.0f}",
-                f"{r['convs2s']['words_per_s']:.0f}",
-                f"**{r['speedup']:.2f}x**",
-                f"{fused['words_per_s']:.0f}" if fused else "-",
-                f"**{r['speedup_fused']:.2f}x**" if fused else "-",
+                f"{r['convs2s']['words_per_s']:.0f} (**{r['speedup']:.2f}x**)",
+                f"{fused['words_per_s']:.0f} (**{r['speedup_fused']:.2f}x**)" if fused else "-",
                 f"{alone['convs2s']['speedup']:.2f}x / **{alone[FUSED]['speedup']:.2f}x**" if alone else "-",
                 f"{r['fconv']['fraction_of_peak']:.0%} / {r['convs2s']['fraction_of_peak']:.0%}",
-                f"{r['convs2s']['gflop_per_update']:.1f} GFLOP/update",
+                f"{r['convs2s']['gflop_per_update']:.1f}",
             ]
         )
-    header = [
-        "size",
-        "dtype",
-        "fconv words/s",
-        "convs2s words/s",
-        "speed-up",
-        "convs2s + fused loss words/s",
-        "speed-up",
-        "one model per process: convs2s / + fused loss",
-        "FLOP/s of peak (fconv / convs2s)",
-        "",
-    ]
+    header = ["size", "dtype", "fconv", "convs2s", "fused", "one per process: convs2s / fused"]
+    header += ["of peak: fconv / convs2s", "GFLOP/update"]
     parts += [_table(header, rows), ""]
     parts += _limits(results.get("limits"))
     parts += ["**Peak memory** (each model alone in a fresh process):", ""]
@@ -211,12 +201,11 @@ def render(results: Dict, plot: Path, markdown_dir: Path) -> str:
     scaling = f"**Scaling** (ms per sentence, batch {_scaling_batch(results)}, convs2s_iwslt_de_en size):"
     parts += [_table(header, rows), "", scaling, ""]
     for axis in ("length", "beam"):
-        rows = [
-            [str(r[axis]), f"{r['fconv']:.1f}", f"{r['convs2s']:.1f}", f"{r['fconv'] / r['convs2s']:.2f}x"]
-            for r in results["scaling"][axis]
-        ]
+        points = results["scaling"][axis]
         name = "source length (beam 5)" if axis == "length" else f"beam ({results['args']['src_len']} tokens)"
-        parts += [_table([name, "fconv", "convs2s", "speed-up"], rows), ""]
+        rows = [[impl] + [f"{r[impl]:.1f}" for r in points] for impl in ("fconv", "convs2s")]
+        rows.append(["speed-up"] + [f"{r['fconv'] / r['convs2s']:.2f}x" for r in points])
+        parts += [_table([name] + [str(r[axis]) for r in points], rows), ""]
     parts.append(f"![scaling]({os.path.relpath(plot, markdown_dir)})")
     return "\n".join(parts)
 
@@ -232,3 +221,21 @@ def write_markdown(results: Dict, path: Path, tag: str, plot: Path) -> None:
     else:
         text = text.rstrip("\n") + f"\n\n## Results: {tag}\n\n{body}\n"
     path.write_text(text)
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description="Write a saved benchmarks.run result's section of BENCHMARKS.md.")
+    parser.add_argument("results", help="a run's <device>.json (benchmarks/results/cpu.json)")
+    parser.add_argument("--markdown", default="BENCHMARKS.md", help="the document whose section is replaced")
+    args = parser.parse_args(argv)
+    path = Path(args.results)
+    tag = path.stem
+    plot = path.parent / f"scaling_{tag}.png"
+    if not plot.exists():
+        raise SystemExit(f"{plot} is missing: benchmarks.run writes it beside {path}")
+    write_markdown(json.loads(path.read_text()), Path(args.markdown), tag, plot)
+    print(f"wrote the {tag} section of {args.markdown} from {path}")
+
+
+if __name__ == "__main__":
+    main()

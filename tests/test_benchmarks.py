@@ -734,7 +734,29 @@ def test_report_names_the_batch_and_length_the_scaling_rows_ran_at():
     results["scaling"]["batch"], results["args"]["src_len"] = 4, 10
     text = render(results, results_dir / "plot.png", results_dir)
     assert "**Scaling** (ms per sentence, batch 4, convs2s_iwslt_de_en size):" in text
-    assert "| beam (10 tokens) | fconv | convs2s | speed-up |" in text
+    assert "| beam (10 tokens) | 1 | 2 | 4 | 8 | 12 |" in text
+    beams = results["scaling"]["beam"]
+    assert f"| speed-up | {beams[0]['fconv'] / beams[0]['convs2s']:.2f}x |" in text
+
+
+def test_report_writes_a_saved_runs_section_again_and_leaves_the_rest(tmp_path):
+    """``python -m benchmarks.report RESULTS.json`` rewrites that device's section from the saved run (after a
+    change to the report) without measuring, and touches nothing outside its markers."""
+    from benchmarks import report
+
+    results_dir = Path(__file__).resolve().parent.parent / "benchmarks" / "results"
+    saved = tmp_path / "cpu.json"
+    saved.write_text((results_dir / "cpu.json").read_text())
+    document = tmp_path / "B.md"
+    document.write_text("# B\n\nbefore\n\n<!-- results:cpu -->\nOLD SECTION\n<!-- /results:cpu -->\n\nafter\n")
+    with pytest.raises(SystemExit, match="scaling_cpu.png is missing"):
+        report.main([str(saved), "--markdown", str(document)])
+    (tmp_path / "scaling_cpu.png").write_bytes(b"")
+    report.main([str(saved), "--markdown", str(document)])
+    text = document.read_text()
+    assert text.startswith("# B\n\nbefore\n\n<!-- results:cpu -->\nMachine: ") and text.endswith("after\n")
+    assert "OLD SECTION" not in text and "![scaling](scaling_cpu.png)" in text
+    assert text.count("<!-- results:cpu -->") == 1
 
 
 def test_run_quick_leaves_benchmarks_md_alone_unless_a_markdown_file_is_named(tmp_path, monkeypatch):
