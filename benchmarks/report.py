@@ -16,6 +16,11 @@ from .measure import matmul_peak_size
 FUSED = "convs2s_fused_loss"  # the training row's key for convs2s with the fused loss (benchmarks.run)
 
 
+def plot_path(results_dir: Path, tag: str) -> Path:
+    """Where a run's scaling plot lies: beside its ``<tag>.json``."""
+    return results_dir / f"scaling_{tag}.png"
+
+
 def write_plot(results: Dict, path: Path) -> Path:
     """Two panels: ms per sentence against source length (beam 5) and against beam size, fconv vs convs2s."""
     import matplotlib
@@ -158,9 +163,9 @@ def render(results: Dict, plot: Path, markdown_dir: Path) -> str:
         "",
         "**Training** (words/s of one update: forward, label-smoothed loss, backward, clip, NAG; fconv and convs2s "
         "with fairseq's `label_smoothed_cross_entropy`, 'fused' convs2s with the plugin's "
-        "`fused_label_smoothed_cross_entropy` (on a CPU in fp32 a chunk of rows at a time, elsewhere from the logits), "
-        "the three alternated in one process; 'one per process': CPU fp32 "
-        "again, each model in a fresh process as one `fairseq-train` run has it, medians over rounds):",
+        "`fused_label_smoothed_cross_entropy` (on a CPU in fp32 a chunk of rows at a time, elsewhere from the "
+        "logits), the three alternated in one process; 'one per process': CPU fp32 again, each model in a fresh "
+        "process as one `fairseq-train` run has it, medians over rounds):",
         "",
     ]
     rows = []
@@ -230,7 +235,7 @@ def main(argv=None) -> None:
     args = parser.parse_args(argv)
     path = Path(args.results)
     tag = path.stem
-    plot = path.parent / f"scaling_{tag}.png"
+    plot = plot_path(path.parent, tag)
     if not plot.exists():
         raise SystemExit(f"{plot} is missing: benchmarks.run writes it beside {path}")
     write_markdown(json.loads(path.read_text()), Path(args.markdown), tag, plot)

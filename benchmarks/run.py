@@ -23,7 +23,7 @@ from fairseq_convs2s.train import keep_freed_memory
 from . import alone, measure
 from .arguments import device_name, positive_int, size_names
 from .pair import SIZES, build_pair, make_dictionary
-from .report import FUSED, write_markdown, write_plot
+from .report import FUSED, plot_path, write_markdown, write_plot
 
 RESULTS = Path(__file__).resolve().parent / "results"
 IMPLS = ("fconv", "convs2s")
@@ -426,7 +426,7 @@ def main(argv=None) -> None:
     out.mkdir(parents=True, exist_ok=True)
     tag = args.device + ("_quick" if args.quick else "")
     (out / f"{tag}.json").write_text(json.dumps(results, indent=1) + "\n")
-    plot = write_plot(results, out / f"scaling_{tag}.png")
+    plot = write_plot(results, plot_path(out, tag))
     log(f"wrote {out / f'{tag}.json'} and {plot}")
     # a --quick check of the harness writes no section into BENCHMARKS.md, unless asked to
     markdown = args.markdown if args.markdown is not None else ("" if args.quick else "BENCHMARKS.md")
