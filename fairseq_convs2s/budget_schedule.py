@@ -44,6 +44,33 @@ class BudgetScheduleConfig(FairseqDataclass):
     lr: List[float] = II("optimization.lr")
 
 
+def mean_over_ranks(seconds: float) -> float:
+    """``seconds`` averaged over the ranks of a distributed run (itself in one process), so that every rank that
+    reads a clock decides alike, as fairseq averages its own ``--stop-time-hours`` clock."""
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        world = torch.distributed.get_world_size()
+        if world > 1:
+            on_gpu = torch.distributed.get_backend() == "nccl"
+            device = torch.device("cuda", torch.cuda.current_device()) if on_gpu else torch.device("cpu")
+            total = torch.tensor([seconds], dtype=torch.float64, device=device)
+            torch.distributed.all_reduce(total)
+            return total.item() / world
+    return seconds
+
+
+def budget_progress(
+    seconds: float, updates: int, budget_seconds: Optional[float], budget_updates: Optional[int]
+) -> float:
+    """The fraction of a budget spent after ``seconds`` of training and ``updates`` updates: the larger of the
+    time and the update fractions (each budget None when not given)."""
+    spent = 0.0
+    if budget_seconds is not None:
+        spent = seconds / budget_seconds
+    if budget_updates is not None:
+        spent = max(spent, updates / budget_updates)
+    return spent
+
+
 def budget_lr(base_lr: float, progress: float, anneal_fraction: float) -> float:
     """The rate at ``progress`` (the fraction of the budget spent, 0 to 1): ``base_lr``, then linearly to 0 over the
     last ``anneal_fraction``."""
@@ -108,25 +135,12 @@ class BudgetSchedule(FairseqLRScheduler):
     def elapsed_seconds(self) -> float:
         """Seconds trained so far, the same (mean) figure on every rank of a distributed run, so that all ranks
         step with one rate, as fairseq's own ``--stop-time-hours`` clock is averaged over ranks."""
-        seconds = self._local_seconds()
-        if torch.distributed.is_available() and torch.distributed.is_initialized():
-            world = torch.distributed.get_world_size()
-            if world > 1:
-                on_gpu = torch.distributed.get_backend() == "nccl"
-                device = torch.device("cuda", torch.cuda.current_device()) if on_gpu else torch.device("cpu")
-                total = torch.tensor([seconds], dtype=torch.float64, device=device)
-                torch.distributed.all_reduce(total)
-                seconds = total.item() / world
-        return seconds
+        return mean_over_ranks(self._local_seconds())
 
     def progress(self) -> float:
         """The fraction of the budget spent: the larger of the time and the update fractions."""
-        spent = 0.0
-        if self.budget_seconds is not None:
-            spent = self.elapsed_seconds() / self.budget_seconds
-        if self.budget_updates is not None:
-            spent = max(spent, self._num_updates / self.budget_updates)
-        return spent
+        seconds = self.elapsed_seconds() if self.budget_seconds is not None else 0.0
+        return budget_progress(seconds, self._num_updates, self.budget_seconds, self.budget_updates)
 
     def _set(self) -> float:
         lr = budget_lr(self.base_lr, self.progress(), self.anneal_fraction)
