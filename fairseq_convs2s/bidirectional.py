@@ -33,7 +33,7 @@ from fairseq.tasks import register_task
 from fairseq.tasks.translation import TranslationConfig, TranslationTask
 from omegaconf import II
 
-from .budget_schedule import budget_progress, mean_over_ranks
+from .budget_schedule import budget_limits, budget_progress, mean_over_ranks
 from .errors import InputError
 
 logger = logging.getLogger(__name__)
@@ -90,13 +90,11 @@ class BidirectionalTranslationTask(TranslationTask):
             )
         if cfg.load_alignments:
             raise InputError("--task bidirectional_translation cannot reverse --load-alignments' alignments")
-        self.budget_seconds = cfg.stop_time_hours * 3600.0 if cfg.stop_time_hours > 0 else None
-        self.budget_updates = cfg.max_update if cfg.max_update > 0 else None
-        if self.budget_seconds is None and self.budget_updates is None:
-            raise InputError(
-                "--task bidirectional_translation trains both directions for the first part of a budget: give "
-                "--stop-time-hours or --max-update"
-            )
+        self.budget_seconds, self.budget_updates = budget_limits(
+            cfg.stop_time_hours,
+            cfg.max_update,
+            "--task bidirectional_translation trains both directions for the first part of a budget",
+        )
         # until the trainer hands over its clock and update count (follow_training_clock): this task's clock, no
         # updates; an instance attribute so that a test can give it another
         self.clock = time.monotonic

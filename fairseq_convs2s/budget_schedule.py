@@ -20,7 +20,7 @@ schedule", measures the fractions).
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import Callable, List, Optional
+from typing import Callable, List, Optional, Tuple
 
 import torch
 from fairseq.dataclass import FairseqDataclass
@@ -58,6 +58,16 @@ def mean_over_ranks(seconds: float) -> float:
     return seconds
 
 
+def budget_limits(stop_time_hours: float, max_update: int, needs_one: str) -> Tuple[Optional[float], Optional[int]]:
+    """The budget in seconds and in updates from fairseq's ``--stop-time-hours`` and ``--max-update`` (each None
+    when not given); an InputError that starts with ``needs_one`` when neither is."""
+    seconds = stop_time_hours * 3600.0 if stop_time_hours > 0 else None
+    updates = max_update if max_update > 0 else None
+    if seconds is None and updates is None:
+        raise InputError(f"{needs_one}: give --stop-time-hours or --max-update")
+    return seconds, updates
+
+
 def budget_progress(
     seconds: float, updates: int, budget_seconds: Optional[float], budget_updates: Optional[int]
 ) -> float:
@@ -89,12 +99,9 @@ class BudgetSchedule(FairseqLRScheduler):
             raise InputError("--lr-scheduler budget takes one --lr, not a list")
         if not 0.0 < cfg.anneal_fraction <= 1.0:
             raise InputError(f"--anneal-fraction must be in (0, 1], got {cfg.anneal_fraction}")
-        self.budget_seconds = cfg.stop_time_hours * 3600.0 if cfg.stop_time_hours > 0 else None
-        self.budget_updates = cfg.max_update if cfg.max_update > 0 else None
-        if self.budget_seconds is None and self.budget_updates is None:
-            raise InputError(
-                "--lr-scheduler budget anneals to the end of training: give --stop-time-hours or --max-update"
-            )
+        self.budget_seconds, self.budget_updates = budget_limits(
+            cfg.stop_time_hours, cfg.max_update, "--lr-scheduler budget anneals to the end of training"
+        )
         self.base_lr = cfg.lr[0]
         self.anneal_fraction = cfg.anneal_fraction
         # the time trained: fairseq's own clock once the trainer hands it over (follow_training_clock), until then

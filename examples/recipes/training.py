@@ -195,8 +195,9 @@ def direction_flags(
     directions"."""
     if not recipe_both:
         return [], []
-    if given_value(given, "--task") is not None:
-        return [], [f"directions: as --task {given_value(given, '--task')} (--train-args) trains"]
+    task = given_value(given, "--task")
+    if task is not None:
+        return [], [f"directions: as --task {task} (--train-args) trains"]
     if one:
         return [], [f"directions: {pair} (--one-direction)"]
     if time_budget is None:
