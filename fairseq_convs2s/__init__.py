@@ -1,8 +1,8 @@
 """ConvS2S (Gehring et al., 2017) as a fairseq plugin: ``--user-dir fairseq_convs2s --arch convs2s_*``.
 
 Importing the package registers the ``convs2s`` model, its ``--arch`` presets, the criteria
-(``--criterion fused_label_smoothed_cross_entropy``, ``--criterion sequence_risk``), the learning-rate schedule
-``--lr-scheduler budget`` and the task ``--task bidirectional_translation``, and installs the plugin's fixes
+(``--criterion fused_label_smoothed_cross_entropy``, ``--criterion sequence_risk``) and the learning-rate schedule
+``--lr-scheduler budget``, and installs the plugin's fixes
 to fairseq (``compat``: one file per fix, listed in one table there).
 """
 
@@ -13,7 +13,7 @@ try:
 
     compat.install()
 
-    from . import bidirectional, budget_schedule, criterions, models  # noqa: F401  (registers them all)
+    from . import budget_schedule, criterions, models  # noqa: F401  (registers the model, presets, criteria, schedule)
     from .models import ConvS2SModel  # noqa: F401
 except KeyboardInterrupt:
     if sys.argv[:1] != ["-m"]:  # (imported by a program, which handles its interrupts)

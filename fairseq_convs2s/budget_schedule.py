@@ -20,7 +20,7 @@ schedule", measures the fractions).
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import Callable, List, Optional, Tuple
+from typing import Callable, List, Optional
 
 import torch
 from fairseq.dataclass import FairseqDataclass
@@ -44,43 +44,6 @@ class BudgetScheduleConfig(FairseqDataclass):
     lr: List[float] = II("optimization.lr")
 
 
-def mean_over_ranks(seconds: float) -> float:
-    """``seconds`` averaged over the ranks of a distributed run (itself in one process), so that every rank that
-    reads a clock decides alike, as fairseq averages its own ``--stop-time-hours`` clock."""
-    if torch.distributed.is_available() and torch.distributed.is_initialized():
-        world = torch.distributed.get_world_size()
-        if world > 1:
-            on_gpu = torch.distributed.get_backend() == "nccl"
-            device = torch.device("cuda", torch.cuda.current_device()) if on_gpu else torch.device("cpu")
-            total = torch.tensor([seconds], dtype=torch.float64, device=device)
-            torch.distributed.all_reduce(total)
-            return total.item() / world
-    return seconds
-
-
-def budget_limits(stop_time_hours: float, max_update: int, needs_one: str) -> Tuple[Optional[float], Optional[int]]:
-    """The budget in seconds and in updates from fairseq's ``--stop-time-hours`` and ``--max-update`` (each None
-    when not given); an InputError that starts with ``needs_one`` when neither is."""
-    seconds = stop_time_hours * 3600.0 if stop_time_hours > 0 else None
-    updates = max_update if max_update > 0 else None
-    if seconds is None and updates is None:
-        raise InputError(f"{needs_one}: give --stop-time-hours or --max-update")
-    return seconds, updates
-
-
-def budget_progress(
-    seconds: float, updates: int, budget_seconds: Optional[float], budget_updates: Optional[int]
-) -> float:
-    """The fraction of a budget spent after ``seconds`` of training and ``updates`` updates: the larger of the
-    time and the update fractions (each budget None when not given)."""
-    spent = 0.0
-    if budget_seconds is not None:
-        spent = seconds / budget_seconds
-    if budget_updates is not None:
-        spent = max(spent, updates / budget_updates)
-    return spent
-
-
 def budget_lr(base_lr: float, progress: float, anneal_fraction: float) -> float:
     """The rate at ``progress`` (the fraction of the budget spent, 0 to 1): ``base_lr``, then linearly to 0 over the
     last ``anneal_fraction``."""
@@ -99,9 +62,12 @@ class BudgetSchedule(FairseqLRScheduler):
             raise InputError("--lr-scheduler budget takes one --lr, not a list")
         if not 0.0 < cfg.anneal_fraction <= 1.0:
             raise InputError(f"--anneal-fraction must be in (0, 1], got {cfg.anneal_fraction}")
-        self.budget_seconds, self.budget_updates = budget_limits(
-            cfg.stop_time_hours, cfg.max_update, "--lr-scheduler budget anneals to the end of training"
-        )
+        self.budget_seconds = cfg.stop_time_hours * 3600.0 if cfg.stop_time_hours > 0 else None
+        self.budget_updates = cfg.max_update if cfg.max_update > 0 else None
+        if self.budget_seconds is None and self.budget_updates is None:
+            raise InputError(
+                "--lr-scheduler budget anneals to the end of training: give --stop-time-hours or --max-update"
+            )
         self.base_lr = cfg.lr[0]
         self.anneal_fraction = cfg.anneal_fraction
         # the time trained: fairseq's own clock once the trainer hands it over (follow_training_clock), until then
@@ -142,12 +108,25 @@ class BudgetSchedule(FairseqLRScheduler):
     def elapsed_seconds(self) -> float:
         """Seconds trained so far, the same (mean) figure on every rank of a distributed run, so that all ranks
         step with one rate, as fairseq's own ``--stop-time-hours`` clock is averaged over ranks."""
-        return mean_over_ranks(self._local_seconds())
+        seconds = self._local_seconds()
+        if torch.distributed.is_available() and torch.distributed.is_initialized():
+            world = torch.distributed.get_world_size()
+            if world > 1:
+                on_gpu = torch.distributed.get_backend() == "nccl"
+                device = torch.device("cuda", torch.cuda.current_device()) if on_gpu else torch.device("cpu")
+                total = torch.tensor([seconds], dtype=torch.float64, device=device)
+                torch.distributed.all_reduce(total)
+                seconds = total.item() / world
+        return seconds
 
     def progress(self) -> float:
         """The fraction of the budget spent: the larger of the time and the update fractions."""
-        seconds = self.elapsed_seconds() if self.budget_seconds is not None else 0.0
-        return budget_progress(seconds, self._num_updates, self.budget_seconds, self.budget_updates)
+        spent = 0.0
+        if self.budget_seconds is not None:
+            spent = self.elapsed_seconds() / self.budget_seconds
+        if self.budget_updates is not None:
+            spent = max(spent, self._num_updates / self.budget_updates)
+        return spent
 
     def _set(self) -> float:
         lr = budget_lr(self.base_lr, self.progress(), self.anneal_fraction)

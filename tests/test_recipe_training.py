@@ -176,25 +176,6 @@ def test_embedding_flags_and_why(arch, train_args, recipe_shares, separate, shar
     assert (notes == []) if note is None else (len(notes) == 1 and note in notes[0])
 
 
-@pytest.mark.parametrize(
-    "one_table, train_args, time_budget, recipe_both, one, both, note",
-    [
-        (True, "", 30, True, False, True, "both for the first half of the budget, then en -> de"),
-        (False, "", 30, True, False, False, "fconv's three gained nothing"),
-        (True, "", None, True, False, False, "measured under --time-budget only"),
-        (True, "", 30, True, True, False, "en -> de (--one-direction)"),
-        (True, "--task translation", 30, True, False, False, "as --task translation (--train-args)"),
-        (True, "", 30, False, False, False, None),  # a recipe that trains one direction: no word about it
-    ],
-)
-def test_direction_flags_and_why(one_table, train_args, time_budget, recipe_both, one, both, note):
-    flags, notes = training.direction_flags(
-        "en -> de", one_table, shlex.split(train_args), time_budget, recipe_both, one
-    )
-    assert flags == (["--task", "bidirectional_translation"] if both else [])
-    assert (notes == []) if note is None else (len(notes) == 1 and note in notes[0])
-
-
 def test_the_length_note_names_the_budget_in_force():
     assert training.length_note(30, None, 5000) == (
         "length: 30 minutes, the rate annealed to 0 at the end (--lr-scheduler budget)"
@@ -220,7 +201,6 @@ def test_the_recipes_update_budget_and_its_switches():
     args = parser.parse_args(pipeline._flag_values_attached(["--train-args", "--share-all-embeddings", "--out", "o"]))
     assert (args.train_args, args.update_budget, args.separate_embeddings) == ("--share-all-embeddings", None, False)
     assert parser.parse_args(["--update-budget", "0", "--separate-embeddings"]).update_budget == 0
-    assert (args.one_direction, parser.parse_args(["--one-direction"]).one_direction) == (False, True)
     assert pipeline._flag_values_attached(["--generate-args", "--lenpen 1.2", "--train-args"]) == [
         "--generate-args=--lenpen 1.2",
         "--train-args",  # nothing after it: argparse's own usage error
@@ -350,9 +330,6 @@ def test_multi30ks_half_hour_command_on_a_cpu_trains_the_batch_its_trial_chooses
     *trials, command = commands
     assert training.given_value(command, "--max-tokens") == max_tokens and each_flag_once(command)
     assert ("--bf16" in command) == has_bf16
-    # both directions for convs2s's one table; fconv's three train one (the trial times what the training runs)
-    both = "fconv" not in train_args
-    assert all((training.given_value(c, "--task") == "bidirectional_translation") == both for c in commands)
     training_hours = float(training.given_value(command, "--stop-time-hours"))
     if trial_ups is None:
         assert trials == [] and training_hours == 0.5

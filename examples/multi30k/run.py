@@ -42,7 +42,6 @@ RECIPE = Recipe(
     # one embedding table (README, "One embedding table")
     update_budget=5000,
     share_embeddings=True,
-    both_directions=True,  # under a time budget (README, "Both directions")
     average_last=5,
     reference="no ConvS2S number in the paper; see examples/multi30k/README.md for this recipe's measured BLEU",
 )

@@ -45,11 +45,6 @@ def train_stage(r: RecipeCommand) -> None:
     fastest, notes = training.fastest_flags(r.arch, train_args, args.precision, cuda)
     separate = r.recipe.share_embeddings and args.separate_embeddings
     model_flags, model_notes = training.embedding_flags(r.arch, train_args, r.recipe.share_embeddings, separate)
-    one_table = training.SHARE_ALL in model_flags or training.SHARE_ALL in train_args
-    pair = f"{r.src} -> {r.tgt}"
-    one = getattr(args, "one_direction", False)
-    both = r.recipe.both_directions
-    task_flags, task_notes = training.direction_flags(pair, one_table, train_args, args.time_budget, both, one)
     update_budget = args.update_budget
     if update_budget is None and args.time_budget is None:
         update_budget = r.recipe.update_budget
@@ -64,7 +59,7 @@ def train_stage(r: RecipeCommand) -> None:
     def chosen(batch: Sequence[str], minutes: float | None) -> list:
         # (a budget's --max-epoch 0 replaces the recipe's epoch limit, a chosen batch its --max-tokens)
         return [
-            *batch, *training.optimization_flags(minutes, update_budget or None), *fastest, *model_flags, *task_flags,
+            *batch, *training.optimization_flags(minutes, update_budget or None), *fastest, *model_flags,
             "--save-dir", ckpt, "--keep-last-epochs", max(args.average_last, 1),
             "--skip-invalid-size-inputs-valid-test", "--log-format", "simple", "--log-interval", "100",
             "--seed", "1", *device_flags(),
@@ -84,8 +79,7 @@ def train_stage(r: RecipeCommand) -> None:
         expected_updates = trial["updates_per_second"] * training.RUN_TO_TRIAL_RATE * minutes * 60
     longest = r.recipe.max_tokens_per_side + 1  # (its pieces and the end of sentence fairseq-preprocess adds)
     batch, batch_notes = training.batch_flags(r.recipe.train_flags, train_args, expected_updates, longest)
-    length = training.length_note(minutes, update_budget, r.recipe.update_budget)
-    for note in [*batch_notes, *model_notes, *task_notes, length]:
+    for note in [*batch_notes, *model_notes, training.length_note(minutes, update_budget, r.recipe.update_budget)]:
         print(f"   {note}")
     cmd = train_command() + training.later_wins(recipes, chosen(batch, minutes), train_args)
     r.settings.record("train", r.made_with["train"])  # (at the start: an interrupted training resumes as it)

@@ -84,9 +84,6 @@ class Recipe:
     # a convs2s model's one embedding table for both languages and the output (--share-all-embeddings; the
     # vocabulary is joint): the recipe's default, --separate-embeddings turns it off
     share_embeddings: bool = False
-    # under --time-budget, a model with one table trains each pair in both directions for the first half of the
-    # budget (--task bidirectional_translation): the recipe's default, --one-direction turns it off
-    both_directions: bool = False
     average_last: int = 5
     generate_flags: List[str] = field(default_factory=list)
     metric: str = "bleu"  # or "rouge"
@@ -169,12 +166,6 @@ def build_parser(recipe: Recipe, doc: str) -> argparse.ArgumentParser:
             "--separate-embeddings",
             action="store_true",
             help="train separate source, target and output embeddings (the paper's model) instead of one table",
-        )
-    if recipe.both_directions:
-        add(
-            "--one-direction",
-            action="store_true",
-            help="under --time-budget, train source -> target only, not both directions for the first half",
         )
     add(
         "--precision",
@@ -307,7 +298,6 @@ def stage_settings(args: argparse.Namespace, src: str, tgt: str, arch: str) -> D
         "arch": arch,
         **{key: getattr(args, key, None) for key in ("train_args", "time_budget", "update_budget", "precision")},
         "separate_embeddings": getattr(args, "separate_embeddings", False),
-        "one_direction": getattr(args, "one_direction", False),
     }
     made_with["average"] = {**made_with["train"], "average_last": args.average_last}
     tested = made_with["average"] if args.checkpoint in ("avg", "auto") else made_with["train"]

@@ -27,7 +27,6 @@ FLAGS = {
     "update_budget": "--update-budget",
     "precision": "--precision",
     "separate_embeddings": "--separate-embeddings",
-    "one_direction": "--one-direction",
     "average_last": "--average-last",
     "generate_args": "--generate-args",
     "max_epoch": "--max-epoch",

@@ -182,33 +182,6 @@ def embedding_flags(
     return [SHARE_ALL], [note]
 
 
-BOTH_DIRECTIONS = ["--task", "bidirectional_translation"]
-
-
-def direction_flags(
-    pair: str, one_table: bool, given: Sequence[str], time_budget: Optional[float], recipe_both: bool, one: bool
-) -> Tuple[List[str], List[str]]:
-    """``--task bidirectional_translation`` (each pair also reversed for the epochs in the first half of the
-    budget, ``pair`` alone after) for a model with one embedding table (``one_table``) under a time budget in a
-    recipe that trains so (``recipe_both``), unless ``one`` (``--one-direction``) or a ``--task`` in ``given``
-    (``--train-args``); the flags and a line saying why. Measured: examples/multi30k/README.md, "Both
-    directions"."""
-    if not recipe_both:
-        return [], []
-    task = given_value(given, "--task")
-    if task is not None:
-        return [], [f"directions: as --task {task} (--train-args) trains"]
-    if one:
-        return [], [f"directions: {pair} (--one-direction)"]
-    if time_budget is None:
-        return [], [f"directions: {pair} (both directions are measured under --time-budget only)"]
-    if not one_table:
-        return [], [f"directions: {pair} (both pay with one embedding table: fconv's three gained nothing)"]
-    note = f"directions: both for the first half of the budget, then {pair} ({' '.join(BOTH_DIRECTIONS)}; "
-    note += f"--one-direction: {pair} only)"
-    return list(BOTH_DIRECTIONS), [note]
-
-
 def given_value(flags: Sequence[str], name: str) -> Optional[str]:
     """The last value of ``name`` in a list of command-line flags (``--name value`` or ``--name=value``)."""
     parser = argparse.ArgumentParser(add_help=False, allow_abbrev=False)

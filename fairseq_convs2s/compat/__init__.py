@@ -137,11 +137,10 @@ FIXES: List[Fix] = [
     ),
     Fix(
         "budget_clock",
-        schedules.hand_out_the_training_clock,
-        "(the plugin's own schedule and task) --lr-scheduler budget counts time from its own start: a run "
-        "switched to it from another schedule, or resumed with --reset-lr-scheduler, is stopped by "
-        "--stop-time-hours (which counts the whole run's time) before its rate has annealed; --task "
-        "bidirectional_translation counts time from its own start and no updates",
+        schedules.hand_schedules_the_training_clock,
+        "(the plugin's own schedule) --lr-scheduler budget counts time from its own start: a run switched to it "
+        "from another schedule, or resumed with --reset-lr-scheduler, is stopped by --stop-time-hours (which "
+        "counts the whole run's time) before its rate has annealed",
         "Trainer._build_optimizer",
     ),
     Fix(

@@ -1,21 +1,18 @@
-"""The trainer's clock for a learning-rate schedule and a task that need one.
+"""The trainer's clock for a learning-rate schedule that needs one.
 
 fairseq's ``--stop-time-hours`` stops at the trainer's cumulative training time, which each checkpoint carries
 (``extra_state["previous_training_time"]``) whatever schedule wrote it and whatever ``--reset-*`` flags the next
 run is given; a scheduler is handed no clock at all. ``--lr-scheduler budget`` anneals to 0 where that stop comes,
 so it must count the same seconds: each scheduler the trainer builds is handed the trainer's clock where it asks
-for one (``follow_training_clock``, as the trainer's checkpoint check asks the model it is handed). So is the task
-(``--task bidirectional_translation`` switches directions at a fraction of the same budget), with the update count.
+for one (``follow_training_clock``, as the trainer's checkpoint check asks the model it is handed).
 """
 
 from fairseq_convs2s_autoload import is_replaced, replace
 
 
-def hand_out_the_training_clock() -> None:
+def hand_schedules_the_training_clock() -> None:
     """Wrap ``Trainer._build_optimizer`` (which builds the scheduler, on first use and again when a checkpoint is
-    loaded) to hand the new scheduler the trainer's own clock, and the task the clock and the update count
-    (idempotent). A fresh run builds it after loading its first epoch, which starts the budget anyway; a resumed
-    run before it."""
+    loaded) to hand the new scheduler the trainer's own clock (idempotent)."""
     from fairseq.trainer import Trainer
 
     if is_replaced(Trainer._build_optimizer, "budget_clock"):
@@ -28,8 +25,5 @@ def hand_out_the_training_clock() -> None:
         if follow is not None:
             # this rank's seconds: the previous runs' (read from the checkpoint) and this one's since it loaded
             follow(self._local_cumulative_training_time)
-        follow = getattr(self.task, "follow_training_clock", None)
-        if follow is not None:
-            follow(self._local_cumulative_training_time, self.get_num_updates)
 
     replace(Trainer, "_build_optimizer", _build_optimizer, "budget_clock")
