@@ -24,7 +24,6 @@ def attend(
     query_projection: Callable[[Tensor], Tensor],
     output_projection: Callable[[Tensor], Tensor],
     query_scale: float,
-    heads: int = 1,
 ) -> Tuple[Tensor, Tensor]:
     """Multi-step attention of one layer, its projections W_d and W_c given (the layer's modules, or products).
 
@@ -38,24 +37,6 @@ def attend(
     sources, src_len = keys.size(0), keys.size(1)
     d = (query_projection(h) + target_embedding) * query_scale  # B x T x f
     d = d.view(sources, -1, d.size(-1))  # B' x G*T x f: a source's G hypotheses in one product
-    if heads > 1:
-        f = d.size(-1)
-        fh = f // heads
-        rows = d.size(1)
-        dh = d.view(sources, rows, heads, fh).transpose(1, 2).reshape(sources * heads, rows, fh)
-        kh = keys.view(sources, src_len, heads, fh).transpose(1, 2).reshape(sources * heads, src_len, fh)
-        vh = values.view(sources, src_len, heads, fh).transpose(1, 2).reshape(sources * heads, src_len, fh)
-        scores = torch.bmm(dh, kh.transpose(1, 2)) * math.sqrt(heads)  # B'H x G*T x S
-        if key_padding_mask is not None:
-            mask = key_padding_mask.repeat_interleave(heads, dim=0).unsqueeze(1)
-            scores = scores.masked_fill(mask, float("-inf"))
-        attn_h = attention_weights(scores)
-        ch = torch.bmm(attn_h, vh).view(sources, heads, rows, fh).transpose(1, 2).reshape(sources, rows, f)
-        conditional_input = ch * conditional_input_scale
-        attn = attn_h.view(sources, heads, rows, src_len).mean(dim=1)
-        conditional_input = conditional_input.view(*h.shape[:-1], -1)
-        h = (output_projection(conditional_input) + residual) * math.sqrt(0.5)
-        return h, attn.view(*h.shape[:-1], src_len)
     scores = torch.bmm(d, keys.transpose(1, 2))  # B' x G*T x S
     if key_padding_mask is not None:
         scores = scores.masked_fill(key_padding_mask.unsqueeze(1), float("-inf"))

@@ -59,7 +59,6 @@ class ConvS2SConfig(FairseqDataclass):
         default="fconv",
         metadata={"help": "fconv: the sqrt(0.5) factors fairseq's fconv puts on queries and values; paper: none"},
     )
-    attention_heads: int = field(default=1, metadata={"help": "heads of each decoder layer's attention"})
     checkpoint_activations: bool = field(
         default=False,
         metadata={

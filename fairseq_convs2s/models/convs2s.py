@@ -132,7 +132,6 @@ class ConvS2SModel(FairseqEncoderDecoderModel):
             max_positions=getattr(args, "max_target_positions", None) or DEFAULT_MAX_POSITIONS,
             share_embed=cfg.share_input_output_embed or share_all,
             attention_scaling=scaling,
-            attention_heads=cfg.attention_heads,
             embed_dict=tgt_embed,
             checkpoint_activations=cfg.checkpoint_activations,
             embed_tokens=encoder.embed_tokens if share_all else None,

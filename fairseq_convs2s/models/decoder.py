@@ -43,14 +43,13 @@ class ConvS2SDecoder(FairseqIncrementalDecoder):
         max_positions: int,
         share_embed: bool,
         attention_scaling: str,
-        attention_heads: int = 1,
         embed_dict: Optional[dict] = None,
         checkpoint_activations: bool = False,
         embed_tokens: Optional[nn.Embedding] = None,
     ):
         super().__init__(dictionary)
         self.checkpoint_activations = checkpoint_activations
-        self.fast_path = attention_heads == 1  # incremental steps at inference on folded products (fast_path.py)
+        self.fast_path = True  # incremental steps at inference on folded products (fast_path.py)
         self.register_buffer("version", torch.tensor([2.0]))  # fconv's decoder.version, kept in the state dict
         padding_idx = dictionary.pad()
         self.dropout_module = Dropout(dropout, module_name=type(self).__name__)
@@ -67,7 +66,7 @@ class ConvS2SDecoder(FairseqIncrementalDecoder):
         self.blocks = nn.ModuleList(build_blocks(layers, dropout, causal=True))
         for block, layer, attends in zip(self.blocks, layers, attention):
             if attends:
-                block.attention = MultiStepAttention(layer.width, embed_dim, attention_scaling, attention_heads)
+                block.attention = MultiStepAttention(layer.width, embed_dim, attention_scaling)
         # Porting note (fconv): fconv divides the summed attention by its number of layers, attending or not, so
         # with a partial --decoder-attention its "average" sums to (attending / layers) over the source. Here it is
         # the mean over the attending layers, a distribution; every preset attends in every layer, where the two

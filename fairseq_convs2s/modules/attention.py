@@ -22,14 +22,13 @@ class MultiStepAttention(nn.Module):
     them; ``scaling="paper"`` drops them. The values' factor lives in the encoder output, the query's here.
     """
 
-    def __init__(self, conv_channels: int, embed_dim: int, scaling: str = "fconv", heads: int = 1):
+    def __init__(self, conv_channels: int, embed_dim: int, scaling: str = "fconv"):
         super().__init__()
         # W_d: decoder state (d) -> embedding width (f), where the scores are taken
         self.query_projection = WeightNormLinear(conv_channels, embed_dim, std=linear_std(conv_channels))
         # W_c: conditional input (f) -> decoder state (d)
         self.output_projection = WeightNormLinear(embed_dim, conv_channels, std=linear_std(embed_dim))
         self.query_scale = math.sqrt(0.5) if scaling == "fconv" else 1.0
-        self.heads = heads
 
     def forward(
         self,
@@ -53,7 +52,6 @@ class MultiStepAttention(nn.Module):
             self.query_projection,
             self.output_projection,
             self.query_scale,
-            self.heads,
         )
 
 
