@@ -83,7 +83,7 @@ def length_note(time_budget: Optional[float], update_budget: Optional[int], reci
 # command before training (examples/multi30k/README.md, "The batch a time budget trains"): the recipe's batch,
 # halved while the budget would buy fewer than UPDATES_WANTED updates of it. Halving raised the test score of every
 # run that made up to about 5,600 updates of the larger batch (by 0.4 to 5.8) and was level for those that made
-# 6,000-9,000; a trial catches one moment of a shared machine (a half hour has made 0.77x-1.33x the updates its
+# 6,000-9,000; a trial catches one moment of a shared machine (a half hour has made 0.77x-1.39x the updates its
 # trial expected), so the threshold sits at the top of the level range, where an expectation 1.3x too high still
 # halves a batch that would make fewer than 6,000.
 UPDATES_WANTED = 10_000
