@@ -130,6 +130,24 @@ def test_the_smaller_batch_still_holds_the_longest_training_pair():
 
 
 @pytest.mark.parametrize(
+    "expected_epochs, train_args, flags, note",
+    [
+        (10.4, "", ["--dropout", "0.1"], "dropout: 0.1, half the recipe's 0.2 (the budget holds about 10.4 epochs"),
+        (15.9, "", ["--dropout", "0.1"], "dropout: 0.1, half the recipe's 0.2"),
+        (16, "", [], "dropout: 0.2, the recipe's (the budget holds about 16.0 epochs of the recipe's batch, at least"),
+        (None, "", [], None),  # no trial (a GPU, or no time budget): the recipe's dropout, without a line
+        (4, "--dropout=0.3", [], "dropout: 0.3 (--train-args)"),
+    ],
+)
+def test_the_dropout_halves_where_the_budget_holds_few_epochs(expected_epochs, train_args, flags, note):
+    recipe = ["--lr", "0.25", "--dropout", "0.2", "--max-tokens", "4000"]
+    chosen, notes = training.dropout_flags(recipe, shlex.split(train_args), expected_epochs)
+    assert chosen == flags
+    assert (notes == []) if note is None else (len(notes) == 1 and notes[0].startswith(note))
+    assert training.dropout_flags(["--lr", "0.25"], [], 4) == ([], [])  # a recipe without --dropout
+
+
+@pytest.mark.parametrize(
     "recipe_flags, train_args, time_budget, cuda, wanted",
     [
         (["--max-tokens", "4000"], "", 30, False, True),
@@ -158,6 +176,12 @@ def test_the_trials_rate_leaves_out_its_first_interval():
     assert training.updates_per_second(log) == 1.6  # (the median of 1.6, 1.5 and 1.7; 0.9 held the start-up)
     with pytest.raises(ValueError, match="1 interval"):
         training.updates_per_second(inner_line(10, 0.9))
+
+
+def test_the_trial_reads_its_epochs_length_from_the_log():
+    assert training.updates_per_epoch(inner_line(10, 0.9) + inner_line(20, 1.6)) == 133
+    with pytest.raises(ValueError, match="epoch's length"):
+        training.updates_per_epoch("| INFO | fairseq_cli.train | training on 1 devices\n")
 
 
 @pytest.mark.parametrize(
@@ -312,23 +336,26 @@ def each_flag_once(command):
 
 
 @pytest.mark.parametrize(
-    "has_bf16, trial_ups, train_args, max_tokens",
+    "has_bf16, trial_ups, train_args, max_tokens, dropout",
     [
-        (True, 6.5, "", "4000"),  # a bf16 CPU faster than any measured: about 10,500 updates of 4,000 tokens
-        (True, 4.0, "", "2000"),  # about 6,500
-        (True, 3.23, "", "1000"),  # the Zen 5's trial of 2026-12-02: about 5,200
-        (False, 0.82, "", "500"),  # fp32: about 1,330
-        (False, None, "--arch fconv_iwslt_de_en --max-tokens=2000 --lr 0.5", "2000"),  # the user's: no trial
+        (True, 6.5, "", "4000", "0.2"),  # a bf16 CPU faster than any measured: about 10,500 updates of 4,000 tokens
+        (True, 4.0, "", "2000", "0.2"),  # about 6,500
+        (True, 3.23, "", "1000", "0.2"),  # the Zen 5's trial of 2026-12-02: about 5,200, 39 epochs of 133 updates
+        (False, 0.82, "", "500", "0.1"),  # fp32: about 1,330, 10 epochs
+        (False, 0.82, "--dropout 0.3", "500", "0.3"),  # the user's dropout
+        (False, None, "--arch fconv_iwslt_de_en --max-tokens=2000 --lr 0.5", "2000", "0.2"),  # the user's: no trial
     ],
 )
 def test_multi30ks_half_hour_command_on_a_cpu_trains_the_batch_its_trial_chooses(
-    has_bf16, trial_ups, train_args, max_tokens, monkeypatch, tmp_path
+    has_bf16, trial_ups, train_args, max_tokens, dropout, monkeypatch, tmp_path
 ):
     """The commands Multi30k's ``--time-budget 30`` runs on a CPU: a trial of the recipe's batch, then training with
-    the batch it chose and the rest of the budget; the user's batch when ``--train-args`` sets it; each flag once."""
+    the batch and the dropout it chose and the rest of the budget; the user's batch or dropout when ``--train-args``
+    sets it; each flag once."""
     commands = multi30k_half_hour(tmp_path, train_args, monkeypatch, has_bf16, trial_ups)
     *trials, command = commands
     assert training.given_value(command, "--max-tokens") == max_tokens and each_flag_once(command)
+    assert training.given_value(command, "--dropout") == dropout
     assert ("--bf16" in command) == has_bf16
     training_hours = float(training.given_value(command, "--stop-time-hours"))
     if trial_ups is None:
@@ -340,15 +367,26 @@ def test_multi30ks_half_hour_command_on_a_cpu_trains_the_batch_its_trial_chooses
     assert training.given_value(trial, "--stop-time-hours") == "0"
     assert training.given_value(trial, "--save-dir") == str(tmp_path / "checkpoints" / "trial")
     saved = json.loads((tmp_path / "checkpoints" / "trial.json").read_text())
-    assert saved["updates_per_second"] == trial_ups
+    assert saved["updates_per_second"] == trial_ups and saved["updates_per_epoch"] == 133
     assert training_hours == pytest.approx(0.5 - saved["minutes"] / 60, abs=1e-6)  # (--stop-time-hours: 6 digits)
 
 
-def test_a_resumed_half_hour_keeps_the_batch_and_the_length_its_trial_chose(monkeypatch, tmp_path):
+@pytest.mark.parametrize(
+    "saved, max_tokens, dropout",
+    [
+        ({"updates_per_second": 4.0, "minutes": 0.6, "updates_per_epoch": 133}, "2000", "0.2"),
+        ({"updates_per_second": 0.82, "minutes": 0.6, "updates_per_epoch": 133}, "500", "0.1"),
+        ({"updates_per_second": 0.82, "minutes": 0.6}, "500", "0.2"),  # saved before the dropout rule: as it began
+    ],
+)
+def test_a_resumed_half_hour_keeps_the_batch_and_the_length_its_trial_chose(
+    saved, max_tokens, dropout, monkeypatch, tmp_path
+):
     ckpt = tmp_path / "checkpoints"
     ckpt.mkdir()
     (ckpt / "checkpoint_last.pt").touch()
-    (ckpt / "trial.json").write_text(json.dumps({"updates_per_second": 4.0, "minutes": 0.6}))
+    (ckpt / "trial.json").write_text(json.dumps(saved))
     (command,) = multi30k_half_hour(tmp_path, "", monkeypatch, has_bf16=True, trial_ups=6.5)  # (no trial ran)
-    assert training.given_value(command, "--max-tokens") == "2000"
+    assert training.given_value(command, "--max-tokens") == max_tokens
+    assert training.given_value(command, "--dropout") == dropout
     assert float(training.given_value(command, "--stop-time-hours")) == pytest.approx(29.4 / 60)

@@ -57,7 +57,7 @@ def train_stage(r: RecipeCommand) -> None:
     ]  # fmt: skip
 
     def chosen(batch: Sequence[str], minutes: float | None) -> list:
-        # (a budget's --max-epoch 0 replaces the recipe's epoch limit, a chosen batch its --max-tokens)
+        # (a budget's --max-epoch 0 replaces the recipe's epoch limit, a chosen batch and dropout the recipe's)
         return [
             *batch, *training.optimization_flags(minutes, update_budget or None), *fastest, *model_flags,
             "--save-dir", ckpt, "--keep-last-epochs", max(args.average_last, 1),
@@ -68,7 +68,7 @@ def train_stage(r: RecipeCommand) -> None:
     for note in notes:
         print(f"   {note}")
     resuming = (ckpt / "checkpoint_last.pt").exists()
-    minutes, expected_updates = args.time_budget, None
+    minutes, expected_updates, expected_epochs = args.time_budget, None, None
     if training.wants_a_trial(r.recipe.train_flags, train_args, args.time_budget, cuda):
         trial = _batch_trial(
             r,
@@ -77,11 +77,15 @@ def train_stage(r: RecipeCommand) -> None:
         )
         minutes = args.time_budget - trial["minutes"]
         expected_updates = trial["updates_per_second"] * training.RUN_TO_TRIAL_RATE * minutes * 60
+        if "updates_per_epoch" in trial:  # (a trial saved before the dropout rule: the recipe's dropout, as it began)
+            expected_epochs = expected_updates / trial["updates_per_epoch"]
     longest = r.recipe.max_tokens_per_side + 1  # (its pieces and the end of sentence fairseq-preprocess adds)
     batch, batch_notes = training.batch_flags(r.recipe.train_flags, train_args, expected_updates, longest)
-    for note in [*batch_notes, *model_notes, training.length_note(minutes, update_budget, r.recipe.update_budget)]:
+    dropout, dropout_notes = training.dropout_flags(r.recipe.train_flags, train_args, expected_epochs)
+    length = training.length_note(minutes, update_budget, r.recipe.update_budget)
+    for note in [*batch_notes, *dropout_notes, *model_notes, length]:
         print(f"   {note}")
-    cmd = train_command() + training.later_wins(recipes, chosen(batch, minutes), train_args)
+    cmd = train_command() + training.later_wins(recipes, chosen([*batch, *dropout], minutes), train_args)
     r.settings.record("train", r.made_with["train"])  # (at the start: an interrupted training resumes as it)
     log = r.out / "train.log"
     if log.exists() and not resuming:  # a model trained anew: the curve and compare.py read its log alone
@@ -101,9 +105,9 @@ def _batch_trial(
 ) -> Dict[str, float]:
     """The trial that chooses the batch under a time budget on a CPU (:func:`training.wants_a_trial`): the training
     command for ``training.TRIAL_UPDATES`` updates of the recipe's batch (``trial_parts(save_dir)``: the parts of
-    the command, later parts winning), its log in OUT/trial.log. Its updates a second and the minutes it took,
-    which the budget counts; a training that resumes (``resuming``) reads them from checkpoints/trial.json, so
-    that its batch and schedule stay those it started with."""
+    the command, later parts winning), its log in OUT/trial.log. Its updates a second, the updates of an epoch and
+    the minutes it took, which the budget counts; a training that resumes (``resuming``) reads them from
+    checkpoints/trial.json, so that its batch, dropout and schedule stay those it started with."""
     saved = r.ckpt / TRIAL
     if saved.exists() and resuming:
         trial = json.loads(saved.read_text())
@@ -113,7 +117,12 @@ def _batch_trial(
     cmd = train_command() + training.later_wins(*trial_parts(save_dir))
     r.timed("trial", run, cmd, log=log, quiet=("",), lock=r.lock)  # (its output in trial.log only)
     shutil.rmtree(save_dir, ignore_errors=True)
-    trial = {"updates_per_second": training.updates_per_second(log.read_text()), "minutes": r.timings["trial"] / 60}
+    logged = log.read_text()
+    trial = {
+        "updates_per_second": training.updates_per_second(logged),
+        "updates_per_epoch": training.updates_per_epoch(logged),
+        "minutes": r.timings["trial"] / 60,
+    }
     saved.write_text(json.dumps(trial) + "\n")
     print(
         f"   trial: {training.TRIAL_UPDATES} updates of the recipe's batch at {trial['updates_per_second']:.2f} "

@@ -4,6 +4,7 @@ reason; a flag the user gives in ``--train-args`` wins over the choice.
 """
 
 import argparse
+import re
 import statistics
 from pathlib import Path
 from typing import Collection, List, Optional, Sequence, Tuple
@@ -123,6 +124,14 @@ def updates_per_second(log: str) -> float:
     return statistics.median(rates[1:])
 
 
+def updates_per_epoch(log: str) -> int:
+    """The updates an epoch of the trial's batch takes, as fairseq logs it (``train_inner | epoch 001: 10 / 135``)."""
+    counts = re.findall(r"\| train_inner \| epoch \d+:\s+\d+ / (\d+)", log)
+    if not counts:
+        raise ValueError("the trial logged no train_inner line with its epoch's length")
+    return int(counts[-1])
+
+
 def batch_for_the_budget(tokens: int, expected_updates: float, longest: int) -> Tuple[int, float]:
     """The batch (``--max-tokens``) a budget that buys ``expected_updates`` updates of ``tokens`` trains: halved
     while it buys fewer than ``UPDATES_WANTED``, at most ``MOST_HALVINGS`` times and never below ``longest``, the
@@ -159,6 +168,33 @@ def batch_flags(
     why = f"{buys}, fewer than the {UPDATES_WANTED:,} past which a halving is level"
     note = f"batch: --max-tokens {chosen}, {share} ({why}; about {expected:,.0f} of {chosen})"
     return ["--max-tokens", str(chosen)], [note]
+
+
+# Under a time budget on a CPU the dropout follows how many epochs the budget holds (the trial's updates a second
+# against its epoch's length, at the recipe's batch): where it holds few, the model is still learning its training set
+# when the budget ends, and half the recipe's dropout learns it sooner (examples/multi30k/README.md, "The dropout a
+# time budget trains": 12 epochs on a Zen 2, half the dropout ahead in both models; 24 on a Zen 4, behind from the
+# thirteenth epoch).
+FEW_EPOCHS = 16
+
+
+def dropout_flags(
+    recipe_flags: Sequence[str], given: Sequence[str], expected_epochs: Optional[float]
+) -> Tuple[List[str], List[str]]:
+    """The dropout flags and a line saying why: the user's ``--dropout`` (``given``) if any; else, when a trial
+    measured that the budget holds ``expected_epochs`` epochs of the recipe's batch, half the recipe's dropout below
+    ``FEW_EPOCHS`` and the recipe's from there; else the recipe's."""
+    chosen_by_user = given_value(given, "--dropout")
+    if chosen_by_user is not None:
+        return [], [f"dropout: {chosen_by_user} (--train-args)"]
+    recipes = given_value(recipe_flags, "--dropout")
+    if expected_epochs is None or recipes is None:
+        return [], []
+    holds = f"the budget holds about {expected_epochs:.1f} epochs of the recipe's batch"
+    if expected_epochs >= FEW_EPOCHS:
+        return [], [f"dropout: {recipes}, the recipe's ({holds}, at least {FEW_EPOCHS})"]
+    half = f"{float(recipes) / 2:g}"
+    return ["--dropout", half], [f"dropout: {half}, half the recipe's {recipes} ({holds}, fewer than {FEW_EPOCHS})"]
 
 
 SHARE_ALL = "--share-all-embeddings"
