@@ -379,7 +379,7 @@ def test_multi30ks_half_hour_command_on_a_cpu_trains_the_batch_its_trial_chooses
         ({"updates_per_second": 0.82, "minutes": 0.6}, "500", "0.2"),  # saved before the dropout rule: as it began
     ],
 )
-def test_a_resumed_half_hour_keeps_the_batch_and_the_length_its_trial_chose(
+def test_a_resumed_half_hour_keeps_the_batch_dropout_and_length_its_trial_chose(
     saved, max_tokens, dropout, monkeypatch, tmp_path
 ):
     ckpt = tmp_path / "checkpoints"

@@ -12,7 +12,7 @@ and runs 5-7 again:
                     an extra test set (DUC-2004) alone, made again when given other files -> data-bin/test1.*
   4 train           fairseq-train with the recipe's preset and the paper's optimization  -> OUT/checkpoints/
                     (under --time-budget, annealed to its end; on a CPU after a trial    -> OUT/trial.log
-                    that chooses the batch); the validation curve                        -> OUT/curve.{tsv,png}
+                    that chooses the batch and dropout); the validation curve            -> OUT/curve.{tsv,png}
   5 average         average checkpoints from the end of training; keep it if it validates
                     better than checkpoint_best.pt                                      -> checkpoint_avg.pt
   6 generate        fairseq-generate --beam 5 on each test set, detokenized              -> OUT/<test>.hyp
