@@ -103,11 +103,11 @@ def train_stage(r: RecipeCommand) -> None:
 def _batch_trial(
     r: RecipeCommand, trial_parts: Callable[[Path], Sequence[Sequence]], resuming: bool
 ) -> Dict[str, float]:
-    """The trial that chooses the batch under a time budget on a CPU (:func:`training.wants_a_trial`): the training
-    command for ``training.TRIAL_UPDATES`` updates of the recipe's batch (``trial_parts(save_dir)``: the parts of
-    the command, later parts winning), its log in OUT/trial.log. Its updates a second, the updates of an epoch and
-    the minutes it took, which the budget counts; a training that resumes (``resuming``) reads them from
-    checkpoints/trial.json, so that its batch, dropout and schedule stay those it started with."""
+    """The trial that chooses the batch and the dropout under a time budget on a CPU (:func:`training.wants_a_trial`):
+    the training command for ``training.TRIAL_UPDATES`` updates of the recipe's batch (``trial_parts(save_dir)``:
+    the parts of the command, later parts winning), its log in OUT/trial.log. Its updates a second, the updates of
+    an epoch and the minutes it took, which the budget counts; a training that resumes (``resuming``) reads them
+    from checkpoints/trial.json, so that its batch, dropout and schedule stay those it started with."""
     saved = r.ckpt / TRIAL
     if saved.exists() and resuming:
         trial = json.loads(saved.read_text())

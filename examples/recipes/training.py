@@ -98,9 +98,9 @@ TRIAL_MIN_BUDGET = 5  # minutes: a shorter budget (a smoke test) trains the reci
 
 
 def wants_a_trial(recipe_flags: Sequence[str], given: Sequence[str], time_budget: Optional[float], cuda: bool) -> bool:
-    """Whether the batch is chosen by a trial: a time budget of ``TRIAL_MIN_BUDGET`` minutes or more on a CPU, a
-    recipe with a ``--max-tokens`` and no ``--max-tokens`` in ``given`` (``--train-args``). A GPU's budget buys the
-    recipe's batch plenty of updates."""
+    """Whether a trial chooses the batch (and with it the dropout, :func:`dropout_flags`): a time budget of
+    ``TRIAL_MIN_BUDGET`` minutes or more on a CPU, a recipe with a ``--max-tokens`` and no ``--max-tokens`` in
+    ``given`` (``--train-args``). A GPU's budget buys the recipe's batch plenty of updates."""
     has_batch = given_value(recipe_flags, "--max-tokens") is not None
     long_enough = time_budget is not None and time_budget >= TRIAL_MIN_BUDGET
     return long_enough and not cuda and has_batch and given_value(given, "--max-tokens") is None
